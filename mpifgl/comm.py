@@ -1,0 +1,196 @@
+"""Every MPI call of the program. The only module that imports mpi4py.
+
+Rank 0 is the server; rank r >= 1 serves client r - 1 (``client_of_rank``). Hot-loop calls use
+upper-case buffer collectives on contiguous numpy arrays; lower-case (pickled) calls are used only
+for set-up metadata, checkpoints and errors.
+
+Traffic is counted as logical payload per rank: what a rank contributes to a collective is
+"sent", what it gets back is "received", whatever tree or ring MPI uses underneath.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+SERVER_RANK = 0
+
+
+def client_of_rank(rank: int) -> int:
+    """Client id served by an MPI rank (-1 for the server)."""
+    return rank - 1
+
+
+def rank_of_client(client_id: int) -> int:
+    return client_id + 1
+
+
+_MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE,
+              np.dtype(np.int64): MPI.INT64_T}
+
+
+class Communicator:
+    """A thin, counted wrapper around one MPI communicator."""
+
+    def __init__(self, comm: "MPI.Comm | None" = None):
+        self.comm = comm if comm is not None else MPI.COMM_WORLD
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self.client_id = client_of_rank(self.rank)
+        self.is_server = self.rank == SERVER_RANK
+        self.reset_counters()
+
+    # -- accounting ------------------------------------------------------------------------
+    def reset_counters(self) -> None:
+        self.seconds = 0.0
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    def _timed(self, fn, *args):
+        start = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    # -- the cross-client term exchange (forward and backward) --------------------------------
+    def sum_segments_to_owners(self, send: np.ndarray, segment_rows: np.ndarray) -> np.ndarray:
+        """Reduce every rank's [n_S, d] buffer to the server, which scatters segment j (the
+        ``segment_rows[j]`` rows addressed to client j) to rank j + 1. Returns this rank's
+        segment ([0, d] on the server)."""
+        send = np.ascontiguousarray(send)
+        width = send.shape[1] if send.ndim == 2 else 0
+        mpi_type = _MPI_TYPES[send.dtype]
+        counts = np.concatenate([[0], segment_rows]).astype(np.int64) * width
+        displacements = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        own = int(counts[self.rank])
+        received = np.empty((own // width if width else 0, width), dtype=send.dtype)
+        if self.is_server:
+            self._timed(self.comm.Reduce, MPI.IN_PLACE, [send, mpi_type], MPI.SUM, SERVER_RANK)
+            self._timed(self.comm.Scatterv, [send, (counts, displacements), mpi_type],
+                        [received, mpi_type], SERVER_RANK)
+            self.bytes_received += send.nbytes * (self.size - 1)
+            self.bytes_sent += int(counts.sum()) * send.itemsize
+        else:
+            self._timed(self.comm.Reduce, [send, mpi_type], None, MPI.SUM, SERVER_RANK)
+            self._timed(self.comm.Scatterv, None, [received, mpi_type], SERVER_RANK)
+            self.bytes_sent += send.nbytes
+            self.bytes_received += received.nbytes
+        return received
+
+    def exchange(self, plan, send: torch.Tensor) -> torch.Tensor:
+        """Adapter for mpifgl.model: torch buffer in, torch segment out."""
+        received = self.sum_segments_to_owners(send.detach().numpy(), plan.segment_rows)
+        return torch.from_numpy(received)
+
+    # -- small sums and gathers ------------------------------------------------------------
+    def sum_to_all(self, values: np.ndarray) -> np.ndarray:
+        """Sum a float64/int64 vector over ranks at the server, then broadcast the sum: every rank
+        gets bit-identical values (unlike an Allreduce, where that is not guaranteed)."""
+        values = np.ascontiguousarray(values)
+        total = np.empty_like(values)
+        mpi_type = _MPI_TYPES[values.dtype]
+        self._timed(self.comm.Reduce, [values, mpi_type], [total, mpi_type], MPI.SUM, SERVER_RANK)
+        self._timed(self.comm.Bcast, [total, mpi_type], SERVER_RANK)
+        self.bytes_sent += values.nbytes if not self.is_server else total.nbytes * (self.size - 1)
+        self.bytes_received += total.nbytes if not self.is_server else values.nbytes * (self.size - 1)
+        return total
+
+    def sum_to_server(self, values: np.ndarray) -> np.ndarray | None:
+        values = np.ascontiguousarray(values)
+        mpi_type = _MPI_TYPES[values.dtype]
+        total = np.empty_like(values) if self.is_server else None
+        self._timed(self.comm.Reduce, [values, mpi_type],
+                    [total, mpi_type] if self.is_server else None, MPI.SUM, SERVER_RANK)
+        return total
+
+    def gather_rows(self, row: np.ndarray) -> np.ndarray | None:
+        """Gather one fixed-length float64 row per rank at the server -> [size, k]."""
+        row = np.ascontiguousarray(row, dtype=np.float64)
+        table = np.empty((self.size, row.shape[0]), dtype=np.float64) if self.is_server else None
+        self._timed(self.comm.Gather, [row, MPI.DOUBLE],
+                    [table, MPI.DOUBLE] if self.is_server else None, SERVER_RANK)
+        return table
+
+    def allgather_counts(self, counts: np.ndarray) -> np.ndarray:
+        """Every rank's small int64 vector -> [size, k] on every rank."""
+        counts = np.ascontiguousarray(counts, dtype=np.int64)
+        table = np.empty((self.size, counts.shape[0]), dtype=np.int64)
+        self._timed(self.comm.Allgather, [counts, MPI.INT64_T], [table, MPI.INT64_T])
+        self.bytes_sent += counts.nbytes
+        self.bytes_received += table.nbytes
+        return table
+
+    def allgather_index(self, index: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
+        """Every rank's int64 index array (lengths ``counts`` per rank, known to all) ->
+        list over ranks on every rank."""
+        index = np.ascontiguousarray(index, dtype=np.int64)
+        counts = np.asarray(counts, dtype=np.int64)
+        displacements = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        flat = np.empty(int(counts.sum()), dtype=np.int64)
+        self._timed(self.comm.Allgatherv, [index, MPI.INT64_T],
+                    [flat, (counts, displacements), MPI.INT64_T])
+        self.bytes_sent += index.nbytes
+        self.bytes_received += flat.nbytes
+        return [flat[d:d + c] for d, c in zip(displacements, counts)]
+
+    def gatherv_rows(self, rows: np.ndarray) -> list[np.ndarray] | None:
+        """Gather variable-length 2-D arrays of one dtype and width at the server (end of run)."""
+        rows = np.ascontiguousarray(rows)
+        width = rows.shape[1]
+        counts = np.asarray(self.comm.gather(rows.shape[0], root=SERVER_RANK) or [], np.int64)
+        mpi_type = _MPI_TYPES[rows.dtype]
+        if self.is_server:
+            element_counts = counts * width
+            displacements = np.concatenate([[0], np.cumsum(element_counts)[:-1]])
+            flat = np.empty((int(counts.sum()), width), dtype=rows.dtype)
+            self.comm.Gatherv([rows, mpi_type], [flat, (element_counts, displacements), mpi_type],
+                              SERVER_RANK)
+            starts = np.concatenate([[0], np.cumsum(counts)])
+            return [flat[starts[r]:starts[r + 1]] for r in range(self.size)]
+        self.comm.Gatherv([rows, mpi_type], None, SERVER_RANK)
+        return None
+
+    def broadcast_array(self, values: np.ndarray) -> np.ndarray:
+        values = np.ascontiguousarray(values)
+        self._timed(self.comm.Bcast, [values, _MPI_TYPES[values.dtype]], SERVER_RANK)
+        return values
+
+    # -- set-up, checkpoints, errors (pickled, rare) --------------------------------------------
+    def broadcast_object(self, value: Any) -> Any:
+        return self.comm.bcast(value, root=SERVER_RANK)
+
+    def gather_objects(self, value: Any) -> list[Any] | None:
+        return self.comm.gather(value, root=SERVER_RANK)
+
+    def scatter_objects(self, values: list[Any] | None) -> Any:
+        return self.comm.scatter(values, root=SERVER_RANK)
+
+    def agree_on_errors(self, error: str | None) -> list[tuple[int, str]]:
+        """Every rank learns every rank's set-up error, so all of them stop together."""
+        errors = self.comm.allgather(error)
+        return [(rank, message) for rank, message in enumerate(errors) if message]
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def wait_for_server(self, poll_seconds: float = 0.05) -> None:
+        """A barrier that sleeps instead of spinning, so waiting clients leave the CPU to the
+        server while it does long set-up work (e.g. preparing shards)."""
+        request = self.comm.Ibarrier()
+        while not request.Test():
+            time.sleep(poll_seconds)
+
+    def abort(self, code: int = 1) -> None:
+        """End the whole job from one rank (an exception must not leave the others hanging)."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.comm.Abort(code)
+
+
+def world() -> Communicator:
+    return Communicator(MPI.COMM_WORLD)

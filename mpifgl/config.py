@@ -1,0 +1,156 @@
+"""Training configuration: one frozen dataclass, one CLI flag per field, one spelling each.
+
+Defaults are the paper's settings (appendix D: hidden 128, dropout 0.2, 2 layers, 200 epochs,
+Adam) and label-guided sampling of a quarter of the nodes (the paper's 5,000 of PubMed's 19,717).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any, get_type_hints
+
+ALGOS = ("ours", "centralized")
+BACKBONES = ("gcn", "1gnn")
+SAMPLINGS = ("label", "uniform", "none")
+DTYPES = ("float32", "float64")
+
+
+def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    # Data and outputs
+    shards: str = _opt("", "shard directory written by `python -m data_prep`; empty: the default "
+                           "dataset's shards under shards/, prepared first if missing")
+    out: str = _opt("", "run directory to create; empty: runs/<dataset>-<algo>-<time>")
+    dataset: str = _opt("cora", "dataset prepared when --shards is empty (default run only)")
+    data_root: str = _opt("", "raw data root for that preparation; empty: data_prep's default "
+                              "(../shared/data beside the checkout, else the download cache)")
+    force: bool = _opt(False, "allow --out to name an existing non-empty run directory")
+    # Method
+    algo: str = _opt("ours", "ours = distributed model over MPI; centralized = same model code on "
+                             "the whole graph in one process (the reference)", ALGOS)
+    backbone: str = _opt("gcn", "gcn (Kipf & Welling) or 1gnn (Morris et al., PyG GraphConv)",
+                         BACKBONES)
+    layers: int = _opt(2, "number of graph layers (paper: 2 on PubMed)")
+    hidden: int = _opt(128, "hidden width (paper: 128)")
+    dropout: float = _opt(0.2, "dropout on every layer's input (paper: 0.2)")
+    lr: float = _opt(0.01, "Adam learning rate (paper searches 0.1, 0.01, 0.001)")
+    weight_decay: float = _opt(0.0, "Adam weight decay (L2)")
+    epochs: int = _opt(200, "training epochs (paper: 200 on PubMed and Reddit)")
+    # Sampling (paper section 2.2)
+    sampling: str = _opt("label", "label = label-guided (ours); uniform = same estimator with "
+                                  "uniform Q; none = full graph every step (ours-full)", SAMPLINGS)
+    sample_size: int = _opt(0, "draws s per step over all clients, split s_i = n_i s / n; "
+                               "0: a quarter of the nodes")
+    no_normalize: bool = _opt(False, "drop the 1/p(u) normalisation (the ablation ours*)")
+    steps_per_epoch: int = _opt(1, "optimizer steps per epoch, each on a fresh sample (the "
+                                   "paper's step length)")
+    # Evaluation, reproducibility, outputs
+    eval_every: int = _opt(1, "full-graph evaluation every this many epochs (the last epoch is "
+                              "always evaluated)")
+    seed: int = _opt(0, "seed for weights, sampling and dropout")
+    dtype: str = _opt("float32", "floating point type of features, weights and messages", DTYPES)
+    save_logits: bool = _opt(False, "write logits.npy [num_nodes, num_classes] in global node "
+                                    "order from the final model")
+    checkpoint_every: int = _opt(0, "write an atomic checkpoint every K epochs (0: never)")
+    resume: str = _opt("", "resume the run in this run directory from its last checkpoint")
+    log_every: int = _opt(1, "print one line every this many epochs on rank 0")
+
+    def validate(self) -> None:
+        """Raise ValueError naming the flag, the value found and the value expected."""
+        def need(ok: bool, flag: str, value: Any, expected: str) -> None:
+            if not ok:
+                raise ValueError(f"--{flag} is {value!r}, expected {expected}")
+        for name in ("algo", "backbone", "sampling", "dtype"):
+            choices = _choices(name)
+            need(getattr(self, name) in choices, name.replace("_", "-"), getattr(self, name),
+                 f"one of {', '.join(choices)}")
+        need(self.layers >= 1, "layers", self.layers, "an integer >= 1")
+        need(self.hidden >= 1, "hidden", self.hidden, "an integer >= 1")
+        need(0.0 <= self.dropout < 1.0, "dropout", self.dropout, "a probability in [0, 1)")
+        need(self.lr > 0, "lr", self.lr, "a positive number")
+        need(self.weight_decay >= 0, "weight-decay", self.weight_decay, "a number >= 0")
+        need(self.epochs >= 0, "epochs", self.epochs, "an integer >= 0")
+        need(self.sample_size >= 0, "sample-size", self.sample_size, "an integer >= 0")
+        need(self.steps_per_epoch >= 1, "steps-per-epoch", self.steps_per_epoch, "an integer >= 1")
+        need(self.eval_every >= 1, "eval-every", self.eval_every, "an integer >= 1")
+        need(self.seed >= 0, "seed", self.seed, "an integer >= 0")
+        need(self.checkpoint_every >= 0, "checkpoint-every", self.checkpoint_every,
+             "an integer >= 0")
+        need(self.log_every >= 1, "log-every", self.log_every, "an integer >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> "TrainConfig":
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+
+def _choices(name: str) -> tuple[str, ...]:
+    return next(f.metadata["choices"] for f in fields(TrainConfig) if f.name == name)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """One flag per TrainConfig field: --field-name, typed from the annotation."""
+    parser = argparse.ArgumentParser(
+        prog="python -m mpifgl.train",
+        description="Train a GNN over MPI: rank 0 is the server, ranks 1..m serve client_{0..m-1}.h5."
+                    " Launch with `mpirun -n M+1 python -m mpifgl.train --shards DIR`.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    hints = get_type_hints(TrainConfig)
+    for f in fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        kind = hints[f.name]
+        if kind is bool:
+            parser.add_argument(flag, action="store_true", help=f.metadata["help"])
+        else:
+            parser.add_argument(flag, type=kind, default=f.default, help=f.metadata["help"],
+                                choices=f.metadata["choices"])
+    return parser
+
+
+# Flags a resumed run may change: they alter how long it runs and what it writes, not the math.
+RESUME_OVERRIDABLE = ("epochs", "eval_every", "log_every", "checkpoint_every", "save_logits",
+                      "resume", "out", "force")
+
+
+def explicit_flags(argv: list[str] | None) -> set[str]:
+    """Names of the fields given on the command line (not left at their default)."""
+    parser = build_parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    namespace, _ = parser.parse_known_args(argv)
+    return set(vars(namespace))
+
+
+def resumed_config(saved: dict[str, Any], given: TrainConfig, explicit: set[str]) -> TrainConfig:
+    """The saved config of the run being resumed, with the few flags a resume may change."""
+    config = TrainConfig.from_dict(saved)
+    changed = sorted(name for name in explicit - set(RESUME_OVERRIDABLE)
+                     if getattr(given, name) != getattr(config, name))
+    if changed:
+        flags = ", ".join(f"--{n.replace('_', '-')} {getattr(given, n)!r} (run has "
+                          f"{getattr(config, n)!r})" for n in changed)
+        raise ValueError(f"--resume continues a run with its own settings; these flags differ: "
+                         f"{flags}. Only {', '.join('--' + n.replace('_', '-') for n in RESUME_OVERRIDABLE)} may change")
+    overrides = {name: getattr(given, name) for name in explicit & set(RESUME_OVERRIDABLE)}
+    return config.replace(**overrides, resume=given.resume, out=given.resume)
+
+
+def parse_config(argv: list[str] | None = None) -> TrainConfig:
+    args = vars(build_parser().parse_args(argv))
+    return TrainConfig(**args)
+
+
+def config_json(config: TrainConfig, **resolved: Any) -> str:
+    return json.dumps({**config.to_dict(), **resolved}, indent=2, sort_keys=True)

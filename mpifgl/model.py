@@ -1,0 +1,149 @@
+"""The GNN backbones as plain torch modules whose propagation goes through a LayerOperator.
+
+Parameter names follow PyG so a state_dict loads into PyG convs stacked in a ModuleList called
+``layers``: GCN layer -> ``layers.{l}.lin.weight`` [out, in] and ``layers.{l}.bias`` (GCNConv);
+1-GNN layer -> ``layers.{l}.lin_rel.weight``, ``layers.{l}.lin_rel.bias``,
+``layers.{l}.lin_root.weight`` (GraphConv). No MPI here: the cross-client sum is a callable.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from mpifgl.graph import CrossExchangePlan, LayerOperator
+
+# (plan, send buffer [n_S, d]) -> this client's summed segment [|S_i|, d]
+ExchangeFn = Callable[[CrossExchangePlan, torch.Tensor], torch.Tensor]
+
+
+class _CrossClientSum(torch.autograd.Function):
+    """sum_{j != i} A_ij[S_i, S_j] y_j. Self-adjoint over all clients, so backward = same
+    exchange applied to the incoming gradient (DESIGN.md section 1)."""
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, plan: CrossExchangePlan, exchange: ExchangeFn):  # type: ignore[override]
+        ctx.plan, ctx.exchange = plan, exchange
+        return exchange(plan, plan.send_matrix @ y)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        grad = grad.contiguous()
+        with torch.no_grad():
+            return ctx.exchange(ctx.plan, ctx.plan.send_matrix @ grad), None, None
+
+
+def cross_client_sum(y: torch.Tensor, plan: CrossExchangePlan, exchange: ExchangeFn) -> torch.Tensor:
+    return _CrossClientSum.apply(y, plan, exchange)
+
+
+def _glorot(weight: torch.Tensor, generator: torch.Generator) -> None:
+    bound = math.sqrt(6.0 / (weight.shape[0] + weight.shape[1]))
+    with torch.no_grad():
+        weight.copy_(torch.rand(weight.shape, generator=generator, dtype=torch.float64)
+                     .mul_(2 * bound).sub_(bound).to(weight.dtype))
+
+
+class GCNLayer(nn.Module):
+    """H = D~^-1/2 (A + I) D~^-1/2 Z W^T + b, propagation after the transform (PyG GCNConv)."""
+
+    def __init__(self, in_dim: int, out_dim: int):
+        super().__init__()
+        self.lin = nn.Linear(in_dim, out_dim, bias=False)
+        self.bias = nn.Parameter(torch.zeros(out_dim))
+
+    def reset(self, generator: torch.Generator) -> None:
+        _glorot(self.lin.weight, generator)
+        nn.init.zeros_(self.bias)
+
+    def forward(self, z: torch.Tensor, op: LayerOperator, exchange: ExchangeFn | None) -> torch.Tensor:
+        o = self.lin(z)
+        y = o * op.col_scale
+        agg = op.inner @ y
+        if op.exchange is not None and exchange is not None:
+            agg = agg + cross_client_sum(y, op.exchange, exchange)
+        return op.row_scale * agg + op.self_scale * o + self.bias
+
+
+class OneGNNLayer(nn.Module):
+    """1-GNN (Morris et al.): H = Z W_root^T + A Z W_rel^T + b (PyG GraphConv, aggr='add')."""
+
+    def __init__(self, in_dim: int, out_dim: int):
+        super().__init__()
+        self.lin_rel = nn.Linear(in_dim, out_dim, bias=True)
+        self.lin_root = nn.Linear(in_dim, out_dim, bias=False)
+
+    def reset(self, generator: torch.Generator) -> None:
+        _glorot(self.lin_rel.weight, generator)
+        _glorot(self.lin_root.weight, generator)
+        nn.init.zeros_(self.lin_rel.bias)
+
+    def forward(self, z: torch.Tensor, op: LayerOperator, exchange: ExchangeFn | None) -> torch.Tensor:
+        o = z @ self.lin_rel.weight.T
+        y = o * op.col_scale
+        agg = op.inner @ y
+        if op.exchange is not None and exchange is not None:
+            agg = agg + cross_client_sum(y, op.exchange, exchange)
+        return op.row_scale * agg + self.lin_rel.bias + self.lin_root(z)
+
+
+LAYERS = {"gcn": GCNLayer, "1gnn": OneGNNLayer}
+
+
+def dropout(z: torch.Tensor, p: float, generator: torch.Generator) -> torch.Tensor:
+    """Inverted dropout with an explicit generator, so every rank's stream is reproducible."""
+    if p <= 0.0 or z.numel() == 0:
+        return z
+    keep = torch.rand(z.shape, generator=generator, dtype=torch.float64) >= p
+    return z * keep.to(z.dtype) / (1.0 - p)
+
+
+class GNN(nn.Module):
+    """A stack of ``layers`` graph layers, ReLU between them, no activation on the last."""
+
+    def __init__(self, backbone: str, in_dim: int, hidden: int, out_dim: int, layers: int,
+                 dropout_p: float, seed: int, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        if backbone not in LAYERS:
+            raise ValueError(f"backbone {backbone!r}, expected one of {', '.join(LAYERS)}")
+        widths = [in_dim] + [hidden] * (layers - 1) + [out_dim]
+        self.layers = nn.ModuleList(LAYERS[backbone](widths[k], widths[k + 1])
+                                    for k in range(layers))
+        self.dropout_p = dropout_p
+        self.widths = widths
+        # Same seed -> same initial weights on every rank and in centralized mode.
+        generator = torch.Generator().manual_seed(seed)
+        for layer in self.layers:
+            layer.reset(generator)
+        self.to(dtype)
+
+    def forward(self, x: torch.Tensor, op: LayerOperator, exchange: ExchangeFn | None,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+        """x: [|S_i|, in_dim] rows of the sample; returns logits [|S_i|, out_dim].
+        Dropout applies when ``generator`` is given (training) and the model is in train mode."""
+        z = x
+        for k, layer in enumerate(self.layers):
+            if generator is not None and self.training:
+                z = dropout(z, self.dropout_p, generator)
+            z = layer(z, op, exchange)
+            if k < len(self.layers) - 1:
+                z = torch.relu(z)
+        return z
+
+
+def flat_grads(model: nn.Module) -> np.ndarray:
+    """All parameter gradients in one contiguous float64 buffer (zeros where None)."""
+    parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+             for p in model.parameters()]
+    return torch.cat(parts).to(torch.float64).numpy().copy()
+
+
+def set_flat_grads(model: nn.Module, flat: np.ndarray) -> None:
+    position = 0
+    for p in model.parameters():
+        count = p.numel()
+        p.grad = torch.from_numpy(flat[position:position + count].copy()).view_as(p).to(p.dtype)
+        position += count

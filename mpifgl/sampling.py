@@ -1,0 +1,111 @@
+"""Label-guided node sampling (paper section 2.2, eq. 4). Plain numpy, no MPI.
+
+Decisions (DESIGN.md asks for them to be stated and tested):
+
+* Groups. Q is driven by *training* labels only, the only labels a transductive client may use.
+  Every node without a training label (validation, test, unlabelled) falls in one extra group,
+  index ``num_classes``. So ``group(u) = y(u)`` for training nodes, ``num_classes`` otherwise.
+* Q_i(u) = n^{g(u)} / (n_i^{g(u)} * sum_{k present on client i} n^k): each group present on the
+  client gets mass proportional to its GLOBAL size, spread evenly over its local members. Q_i sums
+  to one over the client's nodes. The global counts n^k come from one reduction at set-up.
+* Sizes. s_i = n_i s / n, rounded by largest remainder so that the s_i add up to s exactly.
+* Draws are with replacement; the sample is the set of distinct nodes drawn, and the inclusion
+  probability is p(u) = 1 - (1 - Q_i(u))^{s_i}.
+* Normalisation. A neighbour u's message is divided by p(u) (eq. 4). A node's own self-loop term is
+  NOT divided: the output row of v exists only when v is sampled, so conditional on that the
+  self term is always present, and dividing it would bias the estimate.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+SAMPLERS = ("label", "uniform")
+
+
+def node_groups(y: np.ndarray, train_mask: np.ndarray, num_classes: int) -> np.ndarray:
+    """Group index per node: the training label, or ``num_classes`` for non-training nodes."""
+    return np.where(train_mask, y, num_classes).astype(np.int64)
+
+
+def group_counts(groups: np.ndarray, num_classes: int) -> np.ndarray:
+    """Counts of each group, length num_classes + 1 (the last is the non-training group)."""
+    return np.bincount(groups, minlength=num_classes + 1).astype(np.int64)
+
+
+def label_guided_distribution(groups: np.ndarray, global_counts: np.ndarray) -> np.ndarray:
+    """Q_i over one client's nodes (float64 [n_i], sums to 1).
+
+    groups: int [n_i] group of each local node; global_counts: int [G] counts over all clients."""
+    if groups.size == 0:
+        return np.zeros(0, dtype=np.float64)
+    local_counts = np.bincount(groups, minlength=global_counts.shape[0])
+    present = local_counts > 0
+    if np.any(global_counts[present] < local_counts[present]):
+        raise ValueError("a group's global count is smaller than its local count: the global "
+                         "counts do not include this client")
+    mass = global_counts[present].sum()
+    q = global_counts[groups] / (local_counts[groups] * float(mass))
+    return q
+
+
+def uniform_distribution(num_nodes: int) -> np.ndarray:
+    return np.full(num_nodes, 1.0 / num_nodes) if num_nodes else np.zeros(0)
+
+
+def client_sample_sizes(client_sizes: list[int] | np.ndarray, total: int) -> np.ndarray:
+    """s_i = n_i * s / n rounded by largest remainder; sums to ``total`` exactly."""
+    sizes = np.asarray(client_sizes, dtype=np.int64)
+    n = int(sizes.sum())
+    if n == 0:
+        return np.zeros_like(sizes)
+    exact = sizes * (total / n)
+    floors = np.floor(exact).astype(np.int64)
+    short = int(total - floors.sum())
+    order = np.argsort(-(exact - floors), kind="stable")
+    floors[order[:short]] += 1
+    return floors
+
+
+def inclusion_probability(q: np.ndarray, draws: int) -> np.ndarray:
+    """p(u) = 1 - (1 - Q(u))^draws, computed stably for tiny Q."""
+    with np.errstate(divide="ignore"):
+        return -np.expm1(draws * np.log1p(-np.clip(q, 0.0, 1.0)))
+
+
+@dataclass
+class NodeSample:
+    """One client's sample: sorted distinct local indices and their inclusion probabilities."""
+
+    index: np.ndarray  # int64 [k], sorted, distinct
+    probability: np.ndarray  # float64 [k], p(u) of each sampled node (1 when not normalising)
+
+
+class NodeSampler:
+    """Draws one client's node sample per step from Q_i (label-guided or uniform)."""
+
+    def __init__(self, distribution: np.ndarray, draws: int, rng: np.random.Generator,
+                 normalize: bool = True):
+        self.distribution = distribution
+        self.draws = int(draws)
+        self.rng = rng
+        self.normalize = normalize
+        self.inclusion = inclusion_probability(distribution, self.draws)
+
+    def sample(self) -> NodeSample:
+        n = self.distribution.shape[0]
+        if n == 0 or self.draws == 0:
+            return NodeSample(np.zeros(0, np.int64), np.zeros(0))
+        drawn = self.rng.choice(n, size=self.draws, replace=True, p=self.distribution)
+        index = np.unique(drawn).astype(np.int64)
+        probability = self.inclusion[index] if self.normalize else np.ones(index.shape[0])
+        return NodeSample(index, probability)
+
+
+def make_distribution(kind: str, groups: np.ndarray, global_counts: np.ndarray) -> np.ndarray:
+    if kind == "label":
+        return label_guided_distribution(groups, global_counts)
+    if kind == "uniform":
+        return uniform_distribution(groups.shape[0])
+    raise ValueError(f"sampler {kind!r}, expected one of {', '.join(SAMPLERS)}")

@@ -1,0 +1,306 @@
+"""The shard format: the interface between data_prep (writer) and mpifgl.train (reader).
+
+A shard directory holds ``manifest.json`` and one ``client_{i}.h5`` per client i = 0..M-1
+(client i is served by MPI rank i + 1). Each shard holds, in the client's local node order:
+
+    /nodes/global_id   int64   [n_i]      position of the node in the original graph
+    /nodes/x           float32 [n_i, d]
+    /nodes/y           int64   [n_i]
+    /nodes/train_mask, /nodes/val_mask, /nodes/test_mask   bool [n_i]
+    /nodes/degree      int64   [n_i]      degree in the WHOLE graph, self loop not counted
+    /adj/{j}/indptr    int64   [n_i + 1]  CSR of the block A_ij: rows = this client's nodes,
+    /adj/{j}/indices   int64   [nnz]      columns = local indices inside client j
+                                          (present for every j, i included, with >= 1 edge)
+
+File attributes: format_version, dataset, num_clients, client_id, partition, seed; each
+``/adj/{j}`` group carries ``shape`` = (n_i, n_j).
+
+This module is plain numpy/h5py/scipy: no torch, no MPI.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import scipy.sparse as sp
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+NODE_FIELDS = ("global_id", "x", "y", "train_mask", "val_mask", "test_mask", "degree")
+FILE_ATTRS = ("format_version", "dataset", "num_clients", "client_id", "partition", "seed")
+
+
+class ShardError(ValueError):
+    """A shard directory or file does not match the format or its manifest."""
+
+
+def shard_filename(client_id: int) -> str:
+    return f"client_{client_id}.h5"
+
+
+def file_sha256(path: str | os.PathLike, chunk_bytes: int = 8 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass
+class ClientShard:
+    """One client's data in local order. ``blocks[j]`` is A_ij as CSR of shape (n_i, n_j)."""
+
+    client_id: int
+    global_id: np.ndarray  # int64 [n_i]
+    x: np.ndarray  # float32 [n_i, d]
+    y: np.ndarray  # int64 [n_i]
+    train_mask: np.ndarray  # bool [n_i]
+    val_mask: np.ndarray  # bool [n_i]
+    test_mask: np.ndarray  # bool [n_i]
+    degree: np.ndarray  # int64 [n_i], whole-graph degree without self loop
+    blocks: dict[int, sp.csr_matrix] = field(default_factory=dict)
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.global_id.shape[0])
+
+    @property
+    def num_features(self) -> int:
+        return int(self.x.shape[1])
+
+
+@dataclass
+class Manifest:
+    """``manifest.json``, parsed. ``clients[i]`` is a dict with at least num_nodes, sha256, file."""
+
+    raw: dict[str, Any]
+
+    @property
+    def num_clients(self) -> int:
+        return int(self.raw["num_clients"])
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.raw["num_nodes"])
+
+    @property
+    def num_features(self) -> int:
+        return int(self.raw["num_features"])
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.raw["num_classes"])
+
+    @property
+    def dataset(self) -> str:
+        return str(self.raw["dataset"])
+
+    @property
+    def clients(self) -> list[dict[str, Any]]:
+        return list(self.raw["clients"])
+
+    def client_sizes(self) -> list[int]:
+        return [int(c["num_nodes"]) for c in self.clients]
+
+
+MANIFEST_REQUIRED = ("format_version", "dataset", "partition", "seed", "num_clients",
+                     "num_nodes", "num_features", "num_classes", "clients")
+CLIENT_REQUIRED = ("client_id", "file", "num_nodes", "sha256")
+
+
+def read_manifest(shard_dir: str | os.PathLike) -> Manifest:
+    """Parse and sanity-check ``manifest.json``; raise ShardError naming the problem."""
+    path = Path(shard_dir) / MANIFEST_NAME
+    if not Path(shard_dir).is_dir():
+        raise ShardError(f"shard directory {shard_dir} does not exist (expected the --out of "
+                         f"`python -m data_prep`)")
+    if not path.is_file():
+        raise ShardError(f"{path}: manifest missing (expected a shard directory written by "
+                         f"`python -m data_prep`)")
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ShardError(f"{path}: not readable JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ShardError(f"{path}: expected a JSON object, found {type(raw).__name__}")
+    missing = [k for k in MANIFEST_REQUIRED if k not in raw]
+    if missing:
+        raise ShardError(f"{path}: missing keys {missing}")
+    if raw["format_version"] != FORMAT_VERSION:
+        raise ShardError(f"{path}: format_version {raw['format_version']!r}, this program "
+                         f"reads version {FORMAT_VERSION}; re-run data_prep")
+    clients = raw["clients"]
+    if not isinstance(clients, list) or len(clients) != raw["num_clients"]:
+        raise ShardError(f"{path}: num_clients is {raw['num_clients']} but 'clients' lists "
+                         f"{len(clients) if isinstance(clients, list) else clients!r}")
+    for i, client in enumerate(clients):
+        missing = [k for k in CLIENT_REQUIRED if k not in client]
+        if missing:
+            raise ShardError(f"{path}: clients[{i}] is missing keys {missing}")
+        if client["client_id"] != i or client["file"] != shard_filename(i):
+            raise ShardError(f"{path}: clients[{i}] names client_id={client['client_id']!r} "
+                             f"file={client['file']!r}, expected {i} and {shard_filename(i)}")
+    total = sum(int(c["num_nodes"]) for c in clients)
+    if total != raw["num_nodes"]:
+        raise ShardError(f"{path}: clients' num_nodes add up to {total}, manifest num_nodes "
+                         f"is {raw['num_nodes']}")
+    return Manifest(raw)
+
+
+def write_client_shard(path: str | os.PathLike, shard: ClientShard) -> None:
+    """Write one shard. Callers write into a temporary directory and rename (see data_prep)."""
+    with h5py.File(path, "w") as f:
+        for key, value in shard.attrs.items():
+            f.attrs[key] = value
+        nodes = f.create_group("nodes")
+        nodes.create_dataset("global_id", data=np.asarray(shard.global_id, dtype=np.int64))
+        # Chunked rows so a reader can stream features; no compression: reads stay fast.
+        x = np.asarray(shard.x, dtype=np.float32)
+        chunk_rows = max(1, min(x.shape[0], (1 << 20) // max(1, 4 * x.shape[1])))
+        nodes.create_dataset("x", data=x, chunks=(chunk_rows, x.shape[1]) if x.size else None)
+        nodes.create_dataset("y", data=np.asarray(shard.y, dtype=np.int64))
+        for name in ("train_mask", "val_mask", "test_mask"):
+            nodes.create_dataset(name, data=np.asarray(getattr(shard, name), dtype=bool))
+        nodes.create_dataset("degree", data=np.asarray(shard.degree, dtype=np.int64))
+        adj = f.create_group("adj")
+        for j in sorted(shard.blocks):
+            block = shard.blocks[j].tocsr()
+            group = adj.create_group(str(j))
+            group.attrs["shape"] = np.asarray(block.shape, dtype=np.int64)
+            group.create_dataset("indptr", data=block.indptr.astype(np.int64))
+            group.create_dataset("indices", data=block.indices.astype(np.int64))
+
+
+def _read_dataset(f: h5py.File, name: str, path: Path) -> np.ndarray:
+    if name not in f:
+        raise ShardError(f"{path}: dataset /{name} missing")
+    try:
+        return f[name][()]
+    except (OSError, KeyError, RuntimeError) as exc:
+        raise ShardError(f"{path}: dataset /{name} unreadable ({exc})") from None
+
+
+def load_client_shard(path: str | os.PathLike, load_features: bool = True) -> ClientShard:
+    """Read one shard into memory, checking shapes and dtypes (not the manifest: see
+    ``check_shard_against_manifest``). Raises ShardError naming the file and the field."""
+    path = Path(path)
+    if not path.is_file():
+        raise ShardError(f"{path}: shard file missing")
+    try:
+        f = h5py.File(path, "r")
+    except OSError as exc:
+        raise ShardError(f"{path}: not a readable HDF5 file ({exc}); truncated or corrupted?") \
+            from None
+    with f:
+        attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in f.attrs.items()}
+        attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in attrs.items()}
+        arrays = {}
+        for name in NODE_FIELDS:
+            if name == "x" and not load_features:
+                ds = f.get("nodes/x")
+                if ds is None:
+                    raise ShardError(f"{path}: dataset /nodes/x missing")
+                arrays[name] = np.empty((ds.shape[0], ds.shape[1]), dtype=np.float32)[:0]
+                arrays["_x_shape"] = ds.shape
+                continue
+            arrays[name] = _read_dataset(f, f"nodes/{name}", path)
+        n_i = arrays["global_id"].shape[0]
+        x_shape = arrays.pop("_x_shape", arrays["x"].shape)
+        expected = {"global_id": (n_i,), "y": (n_i,), "train_mask": (n_i,), "val_mask": (n_i,),
+                    "test_mask": (n_i,), "degree": (n_i,)}
+        for name, shape in expected.items():
+            if arrays[name].shape != shape:
+                raise ShardError(f"{path}: /nodes/{name} has shape {arrays[name].shape}, "
+                                 f"expected {shape} (n_i = {n_i} from /nodes/global_id)")
+        if len(x_shape) != 2 or x_shape[0] != n_i:
+            raise ShardError(f"{path}: /nodes/x has shape {tuple(x_shape)}, expected ({n_i}, d)")
+        blocks: dict[int, sp.csr_matrix] = {}
+        adj = f.get("adj")
+        if adj is None:
+            raise ShardError(f"{path}: group /adj missing")
+        for key in adj:
+            try:
+                j = int(key)
+            except ValueError:
+                raise ShardError(f"{path}: /adj/{key} is not a client index") from None
+            group = adj[key]
+            indptr = _read_dataset(f, f"adj/{key}/indptr", path)
+            indices = _read_dataset(f, f"adj/{key}/indices", path)
+            shape = tuple(int(s) for s in group.attrs.get("shape", (n_i, -1)))
+            if shape[0] != n_i or indptr.shape != (n_i + 1,) or shape[1] < 0:
+                raise ShardError(f"{path}: /adj/{j} has shape attr {shape} and indptr of "
+                                 f"length {indptr.shape[0]}, expected ({n_i}, n_{j}) and {n_i + 1}")
+            if indptr[0] != 0 or indptr[-1] != indices.shape[0] or np.any(np.diff(indptr) < 0):
+                raise ShardError(f"{path}: /adj/{j}/indptr is not a valid CSR row pointer for "
+                                 f"{indices.shape[0]} column indices")
+            if indices.size and (indices.min() < 0 or indices.max() >= shape[1]):
+                raise ShardError(f"{path}: /adj/{j}/indices out of range [0, {shape[1]})")
+            data = np.ones(indices.shape[0], dtype=np.float32)
+            blocks[j] = sp.csr_matrix((data, indices, indptr), shape=shape)
+    return ClientShard(client_id=int(attrs.get("client_id", -1)), blocks=blocks, attrs=attrs,
+                       **{k: arrays[k] for k in NODE_FIELDS})
+
+
+def check_shard_against_manifest(shard: ClientShard, manifest: Manifest, client_id: int,
+                                 path: str | os.PathLike) -> None:
+    """Check that a loaded shard agrees with its manifest entry; raise ShardError naming the
+    field, the value found and the value expected."""
+    sizes = manifest.client_sizes()
+    problems = []
+    for key, expected in (("client_id", client_id), ("num_clients", manifest.num_clients),
+                          ("format_version", FORMAT_VERSION), ("dataset", manifest.dataset)):
+        if shard.attrs.get(key) != expected:
+            problems.append(f"attribute {key} = {shard.attrs.get(key)!r}, expected {expected!r}")
+    if shard.num_nodes != sizes[client_id]:
+        problems.append(f"{shard.num_nodes} nodes, manifest says {sizes[client_id]}")
+    if shard.x.shape[0] == shard.num_nodes and shard.x.shape[1] != manifest.num_features \
+            and shard.x.size:
+        problems.append(f"{shard.x.shape[1]} features, manifest says {manifest.num_features}")
+    if shard.y.size and (shard.y.min() < 0 or shard.y.max() >= manifest.num_classes):
+        problems.append(f"labels span [{shard.y.min()}, {shard.y.max()}], manifest says "
+                        f"{manifest.num_classes} classes")
+    for j, block in shard.blocks.items():
+        if not 0 <= j < manifest.num_clients:
+            problems.append(f"block /adj/{j} names a client outside 0..{manifest.num_clients - 1}")
+        elif block.shape[1] != sizes[j]:
+            problems.append(f"block /adj/{j} has {block.shape[1]} columns, client {j} has "
+                            f"{sizes[j]} nodes")
+    nnz = sum(b.nnz for b in shard.blocks.values())
+    if nnz != int(shard.degree.sum()):
+        problems.append(f"adjacency holds {nnz} entries but degrees sum to {int(shard.degree.sum())}")
+    if problems:
+        raise ShardError(f"{path}: " + "; ".join(problems))
+
+
+def assemble_global_graph(shards: list[ClientShard]) -> tuple[dict[str, np.ndarray], sp.csr_matrix]:
+    """Reassemble the whole graph in global node order from all shards (tests, centralized mode).
+
+    Returns (node arrays keyed like NODE_FIELDS minus global_id, adjacency CSR [n, n])."""
+    n = sum(s.num_nodes for s in shards)
+    order = np.concatenate([s.global_id for s in shards])
+    if not np.array_equal(np.sort(order), np.arange(n)):
+        raise ShardError("global ids over all shards are not a permutation of 0..n-1")
+    rows, cols = [], []
+    for i, shard in enumerate(shards):
+        for j, block in shard.blocks.items():
+            coo = block.tocoo()
+            rows.append(shard.global_id[coo.row])
+            cols.append(shards[j].global_id[coo.col])
+    rows_all = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+    cols_all = np.concatenate(cols) if cols else np.zeros(0, dtype=np.int64)
+    adj = sp.csr_matrix((np.ones(rows_all.shape[0], dtype=np.float32), (rows_all, cols_all)),
+                        shape=(n, n))
+    inverse = np.empty(n, dtype=np.int64)
+    inverse[order] = np.arange(n)
+    nodes = {}
+    for name in NODE_FIELDS[1:]:
+        stacked = np.concatenate([getattr(s, name) for s in shards])
+        nodes[name] = stacked[inverse]
+    return nodes, adj

@@ -1,0 +1,296 @@
+"""The training loop. One Trainer per rank; every rank runs the same phases in the same order,
+so every collective is matched (the server runs them on a graph with no nodes).
+
+Phases of one step: sample -> forward (one cross-client exchange per layer) -> loss ->
+backward (the same exchange per layer, with gradients) -> gradient sum -> optimizer step.
+Then per epoch: evaluate (full-graph forward) -> log -> checkpoint.
+
+Loss weighting: the loss is the sum of cross-entropies over the training nodes in the step's
+rows (all nodes, or the sample), divided by the GLOBAL number of such nodes. Without sampling this
+is exactly the centralized mean cross-entropy, so gradients match centralized training.
+"""
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from mpifgl.config import TrainConfig
+from mpifgl.graph import ClientGraph, LayerOperator, build_operator
+from mpifgl.model import GNN, flat_grads, set_flat_grads
+from mpifgl.runlog import CHECKPOINT_NAME, RunDirectory
+from mpifgl.sampling import (NodeSampler, client_sample_sizes, group_counts, make_distribution,
+                             node_groups)
+
+log = logging.getLogger("mpifgl")
+SPLITS = ("train", "val", "test")
+RANK_STATS = ("epoch_seconds", "compute_seconds", "comm_seconds", "bytes_sent",
+              "bytes_received", "peak_rss_mb")
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+class LocalComm:
+    """The Communicator interface for one process holding the whole graph (centralized mode)."""
+
+    rank, size, client_id, is_server = 0, 1, 0, True
+    seconds, bytes_sent, bytes_received = 0.0, 0, 0
+
+    def reset_counters(self) -> None:
+        pass
+
+    def sum_to_all(self, values: np.ndarray) -> np.ndarray:
+        return values
+
+    sum_to_server = sum_to_all
+
+    def gather_rows(self, row: np.ndarray) -> np.ndarray:
+        return np.asarray(row, dtype=np.float64)[None, :]
+
+    def allgather_counts(self, counts: np.ndarray) -> np.ndarray:
+        return np.asarray(counts, dtype=np.int64)[None, :]
+
+    def allgather_index(self, index: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
+        return [index]
+
+    def gatherv_rows(self, rows: np.ndarray) -> list[np.ndarray]:
+        return [rows]
+
+    def broadcast_object(self, value: Any) -> Any:
+        return value
+
+    def gather_objects(self, value: Any) -> list[Any]:
+        return [value]
+
+    def scatter_objects(self, values: list[Any]) -> Any:
+        return values[0]
+
+
+@dataclass
+class BestScore:
+    val: float = -1.0
+    test: float = 0.0
+    epoch: int = 0
+
+
+@dataclass
+class TrainerState:
+    """What a checkpoint must restore besides weights and optimizer: position and best score."""
+
+    epoch: int = 0
+    best: BestScore = field(default_factory=BestScore)
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig, comm: Any, graph: ClientGraph, num_classes: int,
+                 run_dir: RunDirectory | None, run_info: dict[str, Any] | None = None):
+        self.config = config
+        self.comm = comm
+        self.graph = graph
+        self.num_classes = num_classes
+        self.run_dir = run_dir
+        self.run_info = run_info or {}
+        self.distributed = not isinstance(comm, LocalComm)
+        self.dtype = torch.float64 if config.dtype == "float64" else torch.float32
+        self.x = torch.from_numpy(np.asarray(graph.x)).to(self.dtype)
+        self.y = torch.from_numpy(np.asarray(graph.y, dtype=np.int64))
+        self.masks = {"train": graph.train_mask, "val": graph.val_mask, "test": graph.test_mask}
+        self.model = GNN(config.backbone, graph.x.shape[1], config.hidden, num_classes,
+                         config.layers, config.dropout, config.seed, self.dtype)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr,
+                                          weight_decay=config.weight_decay)
+        # Independent, reproducible streams per rank for sampling and dropout.
+        seeds = np.random.SeedSequence([config.seed, comm.rank]).generate_state(2)
+        self.sample_rng = np.random.default_rng(int(seeds[0]))
+        self.dropout_rng = torch.Generator().manual_seed(int(seeds[1]))
+        self.exchange = comm.exchange if self.distributed else None
+        self.state = TrainerState()
+        self._setup_counts_and_sampler()
+        self.full_operator = build_operator(graph, config.backbone, None, None, self.dtype,
+                                            exchanged=self.distributed)
+
+    # -- set-up ---------------------------------------------------------------------------------
+    def _setup_counts_and_sampler(self) -> None:
+        """One sum over clients gives the global group counts (for Q) and split sizes."""
+        c = self.num_classes
+        groups = node_groups(self.graph.y, self.graph.train_mask, c)
+        local = np.concatenate([group_counts(groups, c),
+                                [int(self.masks[s].sum()) for s in SPLITS]]).astype(np.int64)
+        totals = self.comm.sum_to_all(local)
+        self.global_group_counts = totals[:c + 1]
+        self.global_split_counts = dict(zip(SPLITS, (int(v) for v in totals[c + 1:])))
+        self.sampler: NodeSampler | None = None
+        if self.config.sampling == "none":
+            return
+        n = int(self.graph.client_sizes.sum())
+        total_draws = self.config.sample_size or max(1, round(n / 4))
+        draws = client_sample_sizes(self.graph.client_sizes, total_draws)
+        if self.graph.client_id >= 0:
+            distribution = make_distribution(self.config.sampling, groups, self.global_group_counts)
+            self.sampler = NodeSampler(distribution, int(draws[self.graph.client_id]),
+                                       self.sample_rng, normalize=not self.config.no_normalize)
+        self.draws_per_client = draws
+
+    # -- one step -------------------------------------------------------------------------------
+    def sample_operator(self) -> tuple[LayerOperator, int]:
+        """Phase 'sample': this step's operator and the global count of training rows in it."""
+        if self.sampler is None and self.config.sampling == "none":
+            return self.full_operator, self.global_split_counts["train"]
+        sample = self.sampler.sample() if self.sampler is not None else None
+        index = sample.index if sample is not None else np.zeros(0, dtype=np.int64)
+        probability = sample.probability if sample is not None else np.zeros(0)
+        train_rows = int(self.graph.train_mask[index].sum())
+        table = self.comm.allgather_counts(np.asarray([index.shape[0], train_rows]))
+        by_rank = self.comm.allgather_index(index, table[:, 0])
+        samples = by_rank[1:] if self.distributed else by_rank
+        operator = build_operator(self.graph, self.config.backbone, samples, probability,
+                                  self.dtype, exchanged=self.distributed)
+        return operator, int(table[:, 1].sum())
+
+    def loss_and_gradients(self, operator: LayerOperator, global_train_rows: int) -> float:
+        """Phases forward, loss, backward, gradient sum: leaves the GLOBAL gradient in every
+        parameter's .grad on every rank and returns the global loss."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=False)
+        logits = self.model(self.x[operator.rows], operator, self.exchange, self.dropout_rng)
+        train = torch.from_numpy(self.masks["train"][operator.rows])
+        loss = F.cross_entropy(logits[train], self.y[operator.rows][train], reduction="sum")
+        loss = loss / max(1, global_train_rows)
+        loss.backward()
+        summed = self.comm.sum_to_all(np.append(flat_grads(self.model), float(loss.detach())))
+        set_flat_grads(self.model, summed[:-1])
+        return float(summed[-1])
+
+    def train_step(self) -> float:
+        operator, global_train_rows = self.sample_operator()
+        loss = self.loss_and_gradients(operator, global_train_rows)
+        self.optimizer.step()
+        return loss
+
+    # -- evaluation -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def full_logits(self) -> torch.Tensor:
+        self.model.eval()
+        return self.model(self.x, self.full_operator, self.exchange)
+
+    def evaluate(self) -> dict[str, float] | None:
+        """Full-graph forward; micro-F1 per split (= accuracy for single-label classes), counted
+        at the server. Returns the scores on the server, None elsewhere."""
+        logits = self.full_logits()
+        correct = (logits.argmax(dim=1) == self.y).numpy()
+        counts = np.asarray([correct[self.masks[s]].sum() for s in SPLITS], dtype=np.float64)
+        totals = self.comm.sum_to_server(counts)
+        if totals is None:
+            return None
+        return {f"{s}_micro_f1": float(totals[k]) / max(1, self.global_split_counts[s])
+                for k, s in enumerate(SPLITS)}
+
+    # -- the loop -------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any] | None:
+        config = self.config
+        for epoch in range(self.state.epoch + 1, config.epochs + 1):
+            self.comm.reset_counters()
+            start = time.perf_counter()
+            losses = [self.train_step() for _ in range(config.steps_per_epoch)]
+            train_seconds = time.perf_counter() - start
+            train_comm = self.comm.seconds
+            scores = None
+            if epoch % config.eval_every == 0 or epoch == config.epochs:
+                scores = self.evaluate()
+            epoch_seconds = time.perf_counter() - start
+            stats = np.asarray([epoch_seconds, train_seconds - train_comm, train_comm,
+                                self.comm.bytes_sent, self.comm.bytes_received, peak_rss_mb()])
+            table = self.comm.gather_rows(stats)
+            self.state.epoch = epoch
+            if self.comm.is_server:
+                self._record_epoch(epoch, float(np.mean(losses)), scores, table)
+            if config.checkpoint_every and epoch % config.checkpoint_every == 0:
+                self.save_checkpoint()
+        return self.finish()
+
+    def _record_epoch(self, epoch: int, loss: float, scores: dict[str, float] | None,
+                      table: np.ndarray) -> None:
+        record: dict[str, Any] = {"epoch": epoch, "loss": loss}
+        if scores is not None:
+            record.update(scores)
+            if scores["val_micro_f1"] > self.state.best.val:
+                self.state.best = BestScore(scores["val_micro_f1"], scores["test_micro_f1"], epoch)
+        # Training time only (evaluation excluded from compute/comm, included in epoch_seconds);
+        # rank 0 is the server, rank r the client r - 1.
+        per_rank = {name: table[:, k].tolist() for k, name in enumerate(RANK_STATS)}
+        for name in ("bytes_sent", "bytes_received"):
+            per_rank[name] = [int(v) for v in per_rank[name]]
+        record.update({"epoch_seconds": float(table[:, 0].max()),
+                       "compute_seconds": float(table[:, 1].max()),
+                       "comm_seconds": float(table[:, 2].max()), "per_rank": per_rank,
+                       "bytes_sent": per_rank["bytes_sent"],
+                       "bytes_received": per_rank["bytes_received"],
+                       "peak_rss_mb": per_rank["peak_rss_mb"]})
+        assert self.run_dir is not None
+        self.run_dir.append_metrics(record)
+        if epoch % self.config.log_every == 0 or epoch == self.config.epochs:
+            moved_mb = (sum(per_rank["bytes_sent"]) + sum(per_rank["bytes_received"])) / 2 ** 20
+            f1 = ("  train {train_micro_f1:.4f}  val {val_micro_f1:.4f}  test {test_micro_f1:.4f}"
+                  .format(**scores) if scores else " " * 40)
+            log.info("epoch %4d  loss %.4f%s  %6.3fs  %8.2f MB", epoch, loss, f1,
+                     record["epoch_seconds"], moved_mb)
+
+    def finish(self) -> dict[str, Any] | None:
+        """Final outputs: model.pt, logits.npy (optional), final.json."""
+        logits_local = None
+        if self.config.save_logits:
+            logits_local = self.full_logits().numpy()
+        parts = self.comm.gatherv_rows(logits_local) if logits_local is not None else None
+        ids = (self.comm.gatherv_rows(self.graph.global_id[:, None].astype(np.int64))
+               if logits_local is not None else None)
+        if not self.comm.is_server:
+            return None
+        assert self.run_dir is not None
+        self.run_dir.save_torch("model.pt", self.model.state_dict())
+        if parts is not None and ids is not None:
+            global_ids = np.concatenate([p[:, 0] for p in ids])
+            stacked = np.concatenate(parts)
+            logits = np.empty_like(stacked)
+            logits[global_ids] = stacked
+            self.run_dir.save_logits(logits)
+        best = self.state.best
+        final = {"test_micro_f1": best.test, "best_val_micro_f1": best.val,
+                 "best_epoch": best.epoch, "epochs": self.config.epochs, **self.run_info}
+        self.run_dir.write_json("final.json", final)
+        return final
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def _rng_state(self) -> dict[str, Any]:
+        return {"sample": self.sample_rng.bit_generator.state,
+                "dropout": self.dropout_rng.get_state()}
+
+    def save_checkpoint(self) -> None:
+        states = self.comm.gather_objects(self._rng_state())
+        if not self.comm.is_server:
+            return
+        assert self.run_dir is not None
+        payload = {"config": self.config.to_dict(), "epoch": self.state.epoch,
+                   "best": vars(self.state.best), "model": self.model.state_dict(),
+                   "optimizer": self.optimizer.state_dict(), "rng": states,
+                   "world_size": self.comm.size}
+        self.run_dir.save_torch(CHECKPOINT_NAME, payload)
+
+    def load_checkpoint(self, payload: dict[str, Any] | None) -> None:
+        """Restore from the server's checkpoint payload (None on clients: they get it by
+        broadcast), so a resumed run continues bit for bit."""
+        rng_states = payload.pop("rng") if payload is not None else None
+        payload = self.comm.broadcast_object(payload)
+        mine = self.comm.scatter_objects(rng_states)
+        self.model.load_state_dict(payload["model"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.state = TrainerState(payload["epoch"], BestScore(**payload["best"]))
+        self.sample_rng.bit_generator.state = mine["sample"]
+        self.dropout_rng.set_state(mine["dropout"])
