@@ -1,0 +1,172 @@
+"""Command line of data_prep (console script ``mpifgl-data-prep``).
+
+    python -m data_prep --dataset NAME --num-clients M --partition random|label-skew|metis \
+        --seed S --data-root DIR --out SHARD_DIR [--force] [--download] [--syn-... ]
+    python -m data_prep verify SHARD_DIR
+
+User mistakes end with ``data_prep: error: ...`` on stderr and exit status 2 (no traceback);
+verify exits 1 when it finds problems."""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import typing
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Sequence
+
+from .api import PrepResult, run_prep
+from .config import PartitionConfig, PrepConfig, SyntheticConfig
+from .datasets import KNOWN_DATASETS
+from .partition import PARTITION_METHODS
+from .progress import Progress
+from .verify import verify_shard_dir
+
+PROG = "data_prep"
+USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, OSError)
+
+
+def _flag_type(cls: type, name: str) -> type:
+    hint = typing.get_type_hints(cls)[name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args else hint
+
+
+def add_dataclass_flags(parser: argparse._ActionsContainer, cls: type, prefix: str,
+                        only: Sequence[str] | None = None) -> None:
+    """One ``--<prefix><field>`` flag per dataclass field, help and default from the field."""
+    for f in fields(cls):
+        if only is not None and f.name not in only:
+            continue
+        flag = "--" + prefix + f.name.replace("_", "-")
+        default = f.default
+        parser.add_argument(flag, dest=prefix.replace("-", "_") + f.name,
+                            type=_flag_type(cls, f.name), default=default,
+                            help=f"{f.metadata.get('help', '')} (default: {default})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Partition a graph dataset over M clients and write one HDF5 shard per "
+                    "client plus manifest.json. `python -m data_prep verify SHARD_DIR` checks "
+                    "a shard directory.")
+    parser.add_argument("--dataset", required=True,
+                        help="one of: " + ", ".join(KNOWN_DATASETS))
+    parser.add_argument("--num-clients", type=int, required=True, help="number of clients M")
+    parser.add_argument("--partition", default="random",
+                        help=f"{' | '.join(PARTITION_METHODS)} (default: random, the paper's)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the split (when not official), partition and synthetic "
+                             "graph (default: 0)")
+    parser.add_argument("--data-root", type=Path, default=None,
+                        help="folder with raw files in PyG layout (default: env "
+                             "MPIFGL_DATA_ROOT, else ../shared/data next to the checkout, else "
+                             "~/.cache/mpifgl/data)")
+    parser.add_argument("--out", type=Path, required=True, help="shard directory to create")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an existing --out (after the new one is written and "
+                             "verified)")
+    parser.add_argument("--download", action="store_true",
+                        help="allow PyG/OGB to download missing raw files into --data-root")
+    parser.add_argument("--cache-dir", type=Path, default=None,
+                        help="scratch for copies of raw folders (default: env MPIFGL_CACHE, "
+                             "else ~/.cache/mpifgl)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    skew = parser.add_argument_group("label-skew partition")
+    add_dataclass_flags(skew, PartitionConfig, "", only=("favoured_classes", "skew_factor"))
+    syn = parser.add_argument_group("synthetic dataset (--dataset synthetic)")
+    add_dataclass_flags(syn, SyntheticConfig, "syn-")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> PrepConfig:
+    synthetic = SyntheticConfig(**{f.name: getattr(args, "syn_" + f.name)
+                                   for f in fields(SyntheticConfig)})
+    return PrepConfig(
+        dataset=args.dataset, num_clients=args.num_clients, out=args.out,
+        partition=PartitionConfig(method=args.partition, favoured_classes=args.favoured_classes,
+                                  skew_factor=args.skew_factor),
+        seed=args.seed, data_root=args.data_root, force=args.force, download=args.download,
+        synthetic=synthetic, cache_dir=args.cache_dir, show_progress=not args.quiet)
+
+
+def format_summary(result: PrepResult) -> str:
+    """What was written: sizes per client, class histograms, cross-client edges, time, memory."""
+    m = result.manifest
+    lines = [
+        f"wrote {m['num_clients']} shards to {result.out}",
+        f"dataset {m['dataset']}: {m['num_nodes']:,} nodes, {m['num_edges']:,} undirected edges, "
+        f"{m['num_features']} features, {m['num_classes']} classes; split {m['split_rule']} "
+        f"(train/val/test {m['num_train']:,}/{m['num_val']:,}/{m['num_test']:,})",
+        f"partition {m['partition']} seed {m['seed']}"
+        + (f" {m['partition_params']}" if m["partition_params"] else ""),
+        f"{'client':>6} {'nodes':>10} {'inner edges':>12} {'cross edges':>12} "
+        f"{'train':>8} {'val':>7} {'test':>8}  class histogram",
+    ]
+    for c in m["clients"]:
+        lines.append(f"{c['client_id']:>6} {c['num_nodes']:>10,} {c['num_inner_edges']:>12,} "
+                     f"{c['num_cross_edges']:>12,} {c['num_train']:>8,} {c['num_val']:>7,} "
+                     f"{c['num_test']:>8,}  {' '.join(str(k) for k in c['class_counts'])}")
+    lines.append(f"cross-client edges: {m['num_cross_edges']:,} of {m['num_edges']:,} "
+                 f"({100 * m['cross_edge_fraction']:.2f}%; random partition expects "
+                 f"{100 * (1 - 1 / m['num_clients']):.2f}%)")
+    lines.append(f"time {result.seconds:.1f} s, peak RSS {result.peak_rss_mb:,.0f} MB")
+    return "\n".join(lines)
+
+
+def _prepare(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    config = config_from_args(args)
+    result = run_prep(config)
+    print(format_summary(result))
+    return 0
+
+
+def _verify(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog=f"{PROG} verify",
+                                     description="Check a shard directory; report every problem.")
+    parser.add_argument("shard_dir", type=Path)
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    args = parser.parse_args(argv)
+    report = verify_shard_dir(args.shard_dir, progress=Progress(enabled=not args.quiet))
+    if report.ok:
+        m = report.manifest or {}
+        print(f"{PROG} verify: {args.shard_dir} OK ({m.get('num_clients')} clients, "
+              f"{m.get('num_nodes')} nodes, {m.get('num_edges')} edges)")
+        return 0
+    for problem in report.problems:
+        print(f"{PROG} verify: problem: {problem}")
+    print(f"{PROG} verify: {len(report.problems)} problem(s) in {args.shard_dir}")
+    return 1
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # so SIGTERM (e.g. a job scheduler) cleans up like Ctrl-C
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    except ValueError:  # not in the main thread (e.g. called from a test runner thread)
+        previous = None
+    try:
+        if argv[:1] == ["verify"]:
+            return _verify(argv[1:])
+        return _prepare(argv)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; partial output removed, existing shards untouched",
+              file=sys.stderr)
+        return 130
+    except USER_ERRORS as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Python entry points: ``run_prep`` (one run from a PrepConfig) and ``prepare_shards`` (what the
+training program calls to make sure the shards of its default run exist)."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from mpifgl import shards as shard_format
+
+from .config import PartitionConfig, PrepConfig, SyntheticConfig, default_cache_dir
+from .datasets import load_dataset, normalise_dataset_name
+from .partition import partition_nodes
+from .progress import Progress, peak_rss_mb
+from .writer import check_output_target, write_shard_directory
+
+
+@dataclass
+class PrepResult:
+    manifest: dict[str, Any]
+    out: Path
+    seconds: float
+    peak_rss_mb: float
+    reused: bool = False  # prepare_shards found matching shards and wrote nothing
+
+
+def request_record(config: PrepConfig) -> dict[str, Any]:
+    """What was asked for, stored in the manifest so a later run can tell whether it matches."""
+    name = normalise_dataset_name(config.dataset)
+    record: dict[str, Any] = {"dataset": name, "num_clients": config.num_clients,
+                              "partition": config.partition.method, "seed": config.seed}
+    if config.partition.method == "label-skew":
+        record["favoured_classes"] = config.partition.favoured_classes
+        record["skew_factor"] = config.partition.skew_factor
+    if name == "synthetic":
+        syn = config.synthetic.as_dict()
+        syn["seed"] = config.seed if syn["seed"] is None else syn["seed"]
+        syn["edges"] = config.synthetic.num_edges
+        syn.pop("avg_degree")  # edges is the resolved quantity
+        record["synthetic"] = syn
+    return record
+
+
+def run_prep(config: PrepConfig, progress: Progress | None = None) -> PrepResult:
+    """Validate, load, partition, write and verify; raise ValueError/FileNotFoundError/
+    FileExistsError/OSError with a message for the user on bad input."""
+    progress = progress or Progress(enabled=config.show_progress)
+    start = time.perf_counter()
+    config.validate()
+    out = Path(config.out)
+    check_output_target(out, config.force)  # before the (possibly long) load
+    graph = load_dataset(config, progress)
+    partition = partition_nodes(graph, config.num_clients, config.partition, config.seed,
+                                progress)
+    manifest_extra = {"partition": config.partition.method,
+                      "partition_params": partition.params,
+                      "request": request_record(config)}
+    manifest = write_shard_directory(graph, partition, out, config.force, manifest_extra,
+                                     config.seed, progress)
+    return PrepResult(manifest, out, time.perf_counter() - start, peak_rss_mb())
+
+
+def default_shard_dir(dataset: str, num_clients: int, partition: str, seed: int) -> Path:
+    name = normalise_dataset_name(dataset)
+    return default_cache_dir() / "shards" / f"{name}-{partition}-{num_clients}clients-seed{seed}"
+
+
+_SYN_PREFIX = "syn_"
+
+
+def config_from_options(dataset: str, num_clients: int, partition: str, seed: int,
+                        data_root: str | Path | None, out: str | Path | None, force: bool,
+                        options: dict[str, Any]) -> PrepConfig:
+    """Build a PrepConfig from keyword options: favoured_classes, skew_factor, download,
+    cache_dir, show_progress, syn_<field> (or synthetic=SyntheticConfig / dict)."""
+    options = dict(options)
+    syn_fields = {f.name for f in fields(SyntheticConfig)}
+    synthetic = options.pop("synthetic", None)
+    if isinstance(synthetic, dict):
+        synthetic = SyntheticConfig(**synthetic)
+    syn_values = {k[len(_SYN_PREFIX):]: options.pop(k) for k in list(options)
+                  if k.startswith(_SYN_PREFIX) and k[len(_SYN_PREFIX):] in syn_fields}
+    if synthetic is None:
+        synthetic = SyntheticConfig(**syn_values)
+    elif syn_values:
+        synthetic = SyntheticConfig(**{**synthetic.as_dict(), **syn_values})
+    part_values = {k: options.pop(k) for k in ("favoured_classes", "skew_factor") if k in options}
+    plain = {k: options.pop(k) for k in ("download", "cache_dir", "show_progress")
+             if k in options}
+    if options:
+        raise ValueError(f"unknown options {sorted(options)}; known: favoured_classes, "
+                         f"skew_factor, download, cache_dir, show_progress, synthetic, "
+                         + ", ".join(_SYN_PREFIX + f for f in sorted(syn_fields)))
+    if out is None:
+        out = default_shard_dir(dataset, num_clients, partition, seed)
+    if plain.get("cache_dir") is not None:
+        plain["cache_dir"] = Path(plain["cache_dir"])
+    return PrepConfig(dataset=dataset, num_clients=num_clients, out=Path(out),
+                      partition=PartitionConfig(method=partition, **part_values), seed=seed,
+                      data_root=Path(data_root) if data_root is not None else None, force=force,
+                      synthetic=synthetic, **plain)
+
+
+def prepare_shards(dataset: str, num_clients: int, partition: str = "random", seed: int = 0,
+                   data_root: str | None = None, out: str | Path | None = None,
+                   force: bool = False, **options: Any) -> dict[str, Any]:
+    """Make sure ``out`` holds verified shards for this request and return their manifest.
+
+    ``out`` defaults to ``$MPIFGL_CACHE/shards/<dataset>-<partition>-<M>clients-seed<S>``. If
+    ``out`` already holds shards written for the same request and they verify, nothing is
+    written. If it holds something else, FileExistsError unless ``force=True`` (then it is
+    replaced, atomically). ``options``: see ``config_from_options``."""
+    config = config_from_options(dataset, num_clients, partition, seed, data_root, out, force,
+                                 options)
+    config.validate()
+    target = Path(config.out)
+    if target.exists() and not force:
+        existing = _matching_manifest(target, request_record(config))
+        if existing is not None:
+            return existing
+        raise FileExistsError(f"{target} exists but does not hold verified shards for "
+                              f"{request_record(config)}; pass force=True to replace it")
+    return run_prep(config).manifest
+
+
+def _matching_manifest(target: Path, request: dict[str, Any]) -> dict[str, Any] | None:
+    from .verify import verify_shard_dir
+
+    manifest_path = target / shard_format.MANIFEST_NAME
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("request") != request:
+        return None
+    return manifest if verify_shard_dir(target).ok else None

@@ -1,0 +1,134 @@
+"""Typed configuration of one data_prep run. CLI flags are generated from these fields
+(``data_prep.__main__``), so each option has exactly one spelling and one documented default."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """Stochastic-block-model style graph with class-dependent features (dataset ``synthetic``)."""
+
+    nodes: int = field(default=10_000, metadata=_help("number of nodes"))
+    avg_degree: float = field(default=10.0, metadata=_help(
+        "average degree; the graph gets round(nodes * avg_degree / 2) undirected edges"))
+    edges: int | None = field(default=None, metadata=_help(
+        "exact number of undirected edges (overrides --syn-avg-degree)"))
+    classes: int = field(default=5, metadata=_help("number of classes (balanced sizes)"))
+    features: int = field(default=32, metadata=_help("feature dimension"))
+    homophily: float = field(default=0.8, metadata=_help(
+        "fraction of edges whose two ends share a class (edge homophily), in [0, 1]"))
+    feature_signal: float = field(default=1.0, metadata=_help(
+        "scale of the per-class mean added to unit Gaussian noise in the features"))
+    seed: int | None = field(default=None, metadata=_help(
+        "seed of the generator (default: --seed), so one graph can be partitioned with "
+        "several seeds"))
+
+    @property
+    def num_edges(self) -> int:
+        if self.edges is not None:
+            return int(self.edges)
+        return int(round(self.nodes * self.avg_degree / 2))
+
+    def validate(self) -> None:
+        n = self.nodes
+        if n < 1:
+            raise ValueError(f"--syn-nodes must be >= 1, got {n}")
+        if self.classes < 1 or self.classes > n:
+            raise ValueError(f"--syn-classes must be in 1..{n} (--syn-nodes), got {self.classes}")
+        if self.features < 1:
+            raise ValueError(f"--syn-features must be >= 1, got {self.features}")
+        if not 0.0 <= self.homophily <= 1.0:
+            raise ValueError(f"--syn-homophily must be in [0, 1], got {self.homophily}")
+        if self.homophily < 1.0 and self.classes < 2 and self.num_edges > 0:
+            raise ValueError(f"--syn-homophily {self.homophily} < 1 needs inter-class edges, "
+                             f"so --syn-classes must be >= 2 (got {self.classes})")
+        if self.avg_degree < 0:
+            raise ValueError(f"--syn-avg-degree must be >= 0, got {self.avg_degree}")
+        if self.edges is not None and self.edges < 0:
+            raise ValueError(f"--syn-edges must be >= 0, got {self.edges}")
+        if self.seed is not None and self.seed < 0:
+            raise ValueError(f"--syn-seed must be >= 0, got {self.seed}")
+        # Rejection-free sampling of distinct pairs slows down near a complete graph; half of
+        # all pairs is far beyond any graph this tool is meant for.
+        max_edges = n * (n - 1) // 4
+        if self.num_edges > max_edges:
+            raise ValueError(f"synthetic graph with {n} nodes: {self.num_edges} edges requested "
+                             f"(--syn-edges or --syn-nodes * --syn-avg-degree / 2), at most "
+                             f"{max_edges} (half of all {n * (n - 1) // 2} node pairs) supported")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    """How nodes are split over clients."""
+
+    method: str = field(default="random", metadata=_help(
+        "random (equal sizes, the paper's setting), label-skew (non-iid) or metis"))
+    favoured_classes: int = field(default=2, metadata=_help(
+        "label-skew: classes per client whose nodes get --skew-factor times the sampling weight"))
+    skew_factor: float = field(default=10.0, metadata=_help(
+        "label-skew: weight of a favoured class relative to the others (the paper's 'ten times')"))
+
+    def validate(self, num_clients: int) -> None:
+        from .partition import PARTITION_METHODS  # local: partition imports this module
+
+        if self.method not in PARTITION_METHODS:
+            raise ValueError(f"unknown --partition {self.method!r}; choose one of "
+                             f"{', '.join(PARTITION_METHODS)}")
+        if self.method == "label-skew":
+            if self.favoured_classes < 1:
+                raise ValueError(f"--favoured-classes must be >= 1, got {self.favoured_classes}")
+            if not self.skew_factor >= 1.0:
+                raise ValueError(f"--skew-factor must be >= 1, got {self.skew_factor}")
+
+
+def default_cache_dir() -> Path:
+    """Env MPIFGL_CACHE, else ~/.cache/mpifgl: copies of raw folders, default shard dirs."""
+    env = os.environ.get("MPIFGL_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "mpifgl"
+
+
+@dataclass(frozen=True)
+class PrepConfig:
+    """One run: dataset -> split -> partition -> shards in ``out``."""
+
+    dataset: str
+    num_clients: int
+    out: Path
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    seed: int = 0  # drives the split (when not official), the partition and the synthetic graph
+    data_root: Path | None = None  # None: data_prep.datasets.default_data_root()
+    force: bool = False  # replace an existing shard directory (only after the new one verified)
+    download: bool = False  # let PyG/OGB download missing raw files into data_root
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    cache_dir: Path | None = None  # None: default_cache_dir()
+    show_progress: bool = True  # progress lines on stderr
+
+    def validate(self) -> None:
+        from .datasets import KNOWN_DATASETS, normalise_dataset_name
+
+        normalise_dataset_name(self.dataset)  # raises with the list of known names
+        if self.num_clients < 1:
+            raise ValueError(f"--num-clients must be >= 1, got {self.num_clients}")
+        if self.seed < 0:
+            raise ValueError(f"--seed must be >= 0, got {self.seed}")
+        self.partition.validate(self.num_clients)
+        name = normalise_dataset_name(self.dataset)
+        if name == "synthetic":
+            self.synthetic.validate()
+            known_nodes = self.synthetic.nodes
+        else:
+            known_nodes = KNOWN_DATASETS[name].num_nodes
+        if known_nodes is not None and self.num_clients > known_nodes:
+            raise ValueError(f"--num-clients {self.num_clients} exceeds the {known_nodes} nodes "
+                             f"of {name}: every client needs at least one node")

@@ -1,0 +1,177 @@
+"""Write a partitioned graph as a shard directory, atomically.
+
+Shards and manifest go to a hidden temporary directory next to the target; it is verified and
+only then renamed into place. With ``force`` the old directory is moved aside first and removed
+only after the rename succeeded. Any failure (error, KeyboardInterrupt, full disk) removes the
+temporary directory and leaves an existing target untouched."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from mpifgl import shards as shard_format
+
+from .graph import GraphData
+from .partition import Partition
+from .progress import Progress
+
+MANIFEST_NAME = shard_format.MANIFEST_NAME
+
+
+def check_output_target(target: Path, force: bool) -> None:
+    """Fail early (before any loading) when the output cannot or must not be written."""
+    target = Path(target)
+    if target.exists() or target.is_symlink():
+        if not target.is_dir():
+            raise ValueError(f"output {target} exists and is not a directory")
+        if not force:
+            raise FileExistsError(f"output {target} already exists; pass --force to replace it "
+                                  f"(the old one is removed only after the new one is complete)")
+        if any(target.iterdir()) and not (target / MANIFEST_NAME).is_file():
+            raise ValueError(f"refusing to replace {target}: it is not empty and holds no "
+                             f"{MANIFEST_NAME}, so it is not a shard directory")
+    parent = target.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"output directory {parent} cannot be created ({exc.strerror or exc})") \
+            from None
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"output directory {parent} is not writable")
+
+
+def client_blocks(adjacency: sp.csr_matrix, nodes: np.ndarray, assignment: np.ndarray,
+                  local_index: np.ndarray, sizes: np.ndarray) -> dict[int, sp.csr_matrix]:
+    """Blocks A_ij (rows: ``nodes`` of client i; columns: local indices in client j) for every
+    client j with at least one edge."""
+    num_clients = sizes.shape[0]
+    rows = adjacency[nodes]  # CSR [n_i, n]; columns stay ascending within each row
+    n_i = nodes.shape[0]
+    row_of_entry = np.repeat(np.arange(n_i, dtype=np.int64), np.diff(rows.indptr))
+    owner = assignment[rows.indices]
+    order = np.argsort(owner, kind="stable")  # group by client, keeping row-major order
+    owner_sorted = owner[order]
+    bounds = np.searchsorted(owner_sorted, np.arange(num_clients + 1))
+    blocks = {}
+    for j in range(num_clients):
+        lo, hi = bounds[j], bounds[j + 1]
+        if lo == hi:
+            continue
+        picked = order[lo:hi]
+        block_rows = row_of_entry[picked]
+        indices = local_index[rows.indices[picked]].astype(np.int64)
+        indptr = np.zeros(n_i + 1, dtype=np.int64)
+        np.cumsum(np.bincount(block_rows, minlength=n_i), out=indptr[1:])
+        blocks[j] = sp.csr_matrix((np.ones(indices.shape[0], dtype=np.float32), indices, indptr),
+                                  shape=(n_i, int(sizes[j])))
+    return blocks
+
+
+def write_shards(graph: GraphData, partition: Partition, directory: Path,
+                 manifest_extra: dict[str, Any], seed: int, progress: Progress) -> dict[str, Any]:
+    """Write client_{i}.h5 for every client and manifest.json into ``directory``; return the
+    manifest."""
+    m = partition.num_clients
+    assignment = partition.assignment
+    sizes = np.bincount(assignment, minlength=m)
+    local_index = np.empty(graph.num_nodes, dtype=np.int64)
+    for client in range(m):  # local order = ascending global id
+        local_index[assignment == client] = np.arange(sizes[client])
+    degree = np.diff(graph.adjacency.indptr).astype(np.int64)
+    clients = []
+    with progress.counter(f"writing {m} shards", m) as count:
+        for client in range(m):
+            nodes = np.flatnonzero(assignment == client)
+            blocks = client_blocks(graph.adjacency, nodes, assignment, local_index, sizes)
+            y = graph.y[nodes]
+            shard = shard_format.ClientShard(
+                client_id=client, global_id=nodes.astype(np.int64), x=graph.x[nodes], y=y,
+                train_mask=graph.train_mask[nodes], val_mask=graph.val_mask[nodes],
+                test_mask=graph.test_mask[nodes], degree=degree[nodes], blocks=blocks,
+                attrs={"format_version": shard_format.FORMAT_VERSION, "dataset": graph.name,
+                       "num_clients": m, "client_id": client,
+                       "partition": manifest_extra["partition"], "seed": seed})
+            path = directory / shard_format.shard_filename(client)
+            shard_format.write_client_shard(path, shard)
+            inner = blocks.get(client)
+            clients.append({
+                "client_id": client,
+                "file": shard_format.shard_filename(client),
+                "num_nodes": int(nodes.shape[0]),
+                "num_inner_edges": int(inner.nnz // 2) if inner is not None else 0,
+                "num_cross_edges": int(sum(b.nnz for j, b in blocks.items() if j != client)),
+                "class_counts": np.bincount(y, minlength=graph.num_classes).tolist(),
+                "num_train": int(shard.train_mask.sum()),
+                "num_val": int(shard.val_mask.sum()),
+                "num_test": int(shard.test_mask.sum()),
+                "sha256": shard_format.file_sha256(path),
+            })
+            del shard, blocks
+            count.update()
+    cross_edges = sum(c["num_cross_edges"] for c in clients) // 2
+    manifest = {
+        "format_version": shard_format.FORMAT_VERSION,
+        "dataset": graph.name,
+        "split_rule": graph.split_rule,
+        **manifest_extra,
+        "seed": seed,
+        "num_clients": m,
+        "num_nodes": graph.num_nodes,
+        "num_edges": graph.num_edges,
+        "num_features": graph.num_features,
+        "num_classes": graph.num_classes,
+        "num_train": int(graph.train_mask.sum()),
+        "num_val": int(graph.val_mask.sum()),
+        "num_test": int(graph.test_mask.sum()),
+        "num_cross_edges": int(cross_edges),
+        "cross_edge_fraction": cross_edges / graph.num_edges if graph.num_edges else 0.0,
+        "source": graph.source,
+        "clients": clients,
+    }
+    (directory / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def write_shard_directory(graph: GraphData, partition: Partition, target: Path, force: bool,
+                          manifest_extra: dict[str, Any], seed: int, progress: Progress
+                          ) -> dict[str, Any]:
+    """Write, verify and install the shard directory ``target``; see the module docstring."""
+    from .verify import verify_shard_dir  # verify imports nothing from here; keeps layers clear
+
+    target = Path(target)
+    check_output_target(target, force)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    try:
+        manifest = write_shards(graph, partition, scratch, manifest_extra, seed, progress)
+        report = verify_shard_dir(scratch, progress=progress)
+        if not report.ok:
+            raise RuntimeError("internal error: the shards just written fail verification:\n  "
+                               + "\n  ".join(report.problems))
+        _install(scratch, target, force)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _install(scratch: Path, target: Path, force: bool) -> None:
+    if not target.exists():
+        os.rename(scratch, target)
+        return
+    check_output_target(target, force)  # re-check: something may have appeared meanwhile
+    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+    os.rmdir(old)
+    os.rename(target, old)
+    try:
+        os.rename(scratch, target)
+    except BaseException:
+        os.rename(old, target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
