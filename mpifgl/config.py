@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any, get_type_hints
 
-ALGOS = ("ours", "centralized")
+ALGOS = ("ours", "centralized", "graphsage", "graphsaint", "fedavg", "fedavg-nc", "bns")
 BACKBONES = ("gcn", "1gnn")
 SAMPLINGS = ("label", "uniform", "none")
 DTYPES = ("float32", "float64")
@@ -33,7 +33,9 @@ class TrainConfig:
     force: bool = _opt(False, "allow --out to name an existing non-empty run directory")
     # Method
     algo: str = _opt("ours", "ours = distributed model over MPI; centralized = same model code on "
-                             "the whole graph in one process (the reference)", ALGOS)
+                             "the whole graph in one process (the reference); baselines: "
+                             "graphsage, graphsaint (centralized), fedavg, fedavg-nc, bns "
+                             "(over MPI); see docs/algorithms.md", ALGOS)
     backbone: str = _opt("gcn", "gcn (Kipf & Welling) or 1gnn (Morris et al., PyG GraphConv)",
                          BACKBONES)
     layers: int = _opt(2, "number of graph layers (paper: 2 on PubMed)")
@@ -50,11 +52,23 @@ class TrainConfig:
     no_normalize: bool = _opt(False, "drop the 1/p(u) normalisation (the ablation ours*)")
     steps_per_epoch: int = _opt(1, "optimizer steps per epoch, each on a fresh sample (the "
                                    "paper's step length)")
+    # Baselines (docs/algorithms.md)
+    local_epochs: int = _opt(1, "fedavg, fedavg-nc: local epochs per round (one round per epoch)")
+    nc_fraction: float = _opt(0.2, "fedavg-nc: fraction of one-hop cross-client neighbours each "
+                                   "client collects (paper: 20%)")
+    boundary_p: float = _opt(0.1, "bns: probability of keeping a boundary node (BNS-GCN's p)")
+    fanouts: str = _opt("25,10", "graphsage: neighbours sampled per layer, comma-separated")
+    batch_size: int = _opt(512, "graphsage: seed nodes per mini-batch; graphsaint: walk roots "
+                                "per subgraph")
+    walk_length: int = _opt(2, "graphsaint: random-walk length")
     # Evaluation, reproducibility, outputs
     eval_every: int = _opt(1, "full-graph evaluation every this many epochs (the last epoch is "
                               "always evaluated)")
     seed: int = _opt(0, "seed for weights, sampling and dropout")
     dtype: str = _opt("float32", "floating point type of features, weights and messages", DTYPES)
+    feature_format: str = _opt("auto", "input features as dense or sparse matrices; auto: sparse "
+                                       "when at most 10% of entries are non-zero",
+                               ("auto", "dense", "sparse"))
     save_logits: bool = _opt(False, "write logits.npy [num_nodes, num_classes] in global node "
                                     "order from the final model")
     checkpoint_every: int = _opt(0, "write an atomic checkpoint every K epochs (0: never)")
@@ -66,7 +80,7 @@ class TrainConfig:
         def need(ok: bool, flag: str, value: Any, expected: str) -> None:
             if not ok:
                 raise ValueError(f"--{flag} is {value!r}, expected {expected}")
-        for name in ("algo", "backbone", "sampling", "dtype"):
+        for name in ("algo", "backbone", "sampling", "dtype", "feature_format"):
             choices = _choices(name)
             need(getattr(self, name) in choices, name.replace("_", "-"), getattr(self, name),
                  f"one of {', '.join(choices)}")
@@ -83,6 +97,17 @@ class TrainConfig:
         need(self.checkpoint_every >= 0, "checkpoint-every", self.checkpoint_every,
              "an integer >= 0")
         need(self.log_every >= 1, "log-every", self.log_every, "an integer >= 1")
+        need(self.local_epochs >= 1, "local-epochs", self.local_epochs, "an integer >= 1")
+        need(0.0 <= self.nc_fraction <= 1.0, "nc-fraction", self.nc_fraction, "a fraction in [0, 1]")
+        need(0.0 < self.boundary_p <= 1.0, "boundary-p", self.boundary_p, "a probability in (0, 1]")
+        need(self.batch_size >= 1, "batch-size", self.batch_size, "an integer >= 1")
+        need(self.walk_length >= 1, "walk-length", self.walk_length, "an integer >= 1")
+        try:
+            fanouts = [int(v) for v in self.fanouts.split(",")]
+        except ValueError:
+            fanouts = []
+        need(bool(fanouts) and all(v >= 1 for v in fanouts), "fanouts", self.fanouts,
+             "comma-separated integers >= 1, one per layer (e.g. 25,10)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

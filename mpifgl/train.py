@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from mpifgl.algorithms import get_algorithm
 from mpifgl.config import TrainConfig, build_parser, explicit_flags, resumed_config
 from mpifgl.graph import ClientGraph
 from mpifgl.runlog import RunDirectory, check_run_dir_writable, load_checkpoint
@@ -131,7 +132,8 @@ def load_checked_shard(config: TrainConfig, manifest, client_id: int):
     return shard
 
 
-def set_up(config: TrainConfig, comm: Any, explicit: set[str] = frozenset()) -> tuple[Trainer, TrainConfig]:
+def set_up(config: TrainConfig, comm: Any,
+           explicit: set[str] = frozenset()) -> tuple["Trainer", TrainConfig]:
     """Everything before the first training collective. Raises SetupError on every rank alike."""
     distributed = not isinstance(comm, LocalComm)
     checkpoint = None
@@ -176,7 +178,8 @@ def set_up(config: TrainConfig, comm: Any, explicit: set[str] = frozenset()) -> 
                 "num_clients": manifest.num_clients, "num_nodes": manifest.num_nodes,
                 "backbone": config.backbone, "sampling": config.sampling,
                 "world_size": comm.size, "shards": config.shards}
-    trainer = Trainer(config, comm, graph, manifest.num_classes, run_dir, run_info)
+    trainer_class = get_algorithm(config.algo).trainer_class()
+    trainer = trainer_class(config, comm, graph, manifest.num_classes, run_dir, run_info)
     if config.resume:
         trainer.load_checkpoint(checkpoint)
         if run_dir is not None:
@@ -192,7 +195,7 @@ def set_up(config: TrainConfig, comm: Any, explicit: set[str] = frozenset()) -> 
 def run_centralized(config: TrainConfig, explicit: set[str]) -> int:
     if launcher_world_size() > 1:
         if launcher_rank() == 0:
-            print(f"mpifgl.train: error: --algo centralized runs in one process, but this job "
+            print(f"mpifgl.train: error: --algo {config.algo} runs in one process, but this job "
                   f"has {launcher_world_size()} ranks; launch without mpirun (or mpirun -n 1)",
                   file=sys.stderr)
         return USAGE_ERROR
@@ -202,7 +205,7 @@ def run_centralized(config: TrainConfig, explicit: set[str]) -> int:
     except (SetupError, ShardError, ValueError) as exc:
         print(f"mpifgl.train: error: {exc}", file=sys.stderr)
         return INPUT_ERROR
-    log.info("centralized %s on %s: %d nodes, %d epochs -> %s", config.backbone,
+    log.info("%s %s on %s: %d nodes, %d epochs -> %s", config.algo, config.backbone,
              trainer.run_info["dataset"], trainer.graph.num_nodes, config.epochs, config.out)
     final = trainer.run()
     log.info("done: test micro-F1 %.4f at best val epoch %d -> %s", final["test_micro_f1"],
@@ -244,7 +247,7 @@ def run_distributed(config: TrainConfig, explicit: set[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv, quiet=launcher_rank() != 0)
     explicit = explicit_flags(argv if argv is not None else sys.argv[1:])
-    if config.algo == "centralized":
+    if not get_algorithm(config.algo).distributed:
         return run_centralized(config, explicit)
     return run_distributed(config, explicit)
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from mpifgl.config import TrainConfig
 from mpifgl.graph import ClientGraph, LayerOperator, build_operator
-from mpifgl.model import GNN, flat_grads, set_flat_grads
+from mpifgl.model import GNN, flat_grads, make_features, select_rows, set_flat_grads
 from mpifgl.runlog import CHECKPOINT_NAME, RunDirectory
 from mpifgl.sampling import (NodeSampler, client_sample_sizes, group_counts, make_distribution,
                              node_groups)
@@ -100,7 +100,7 @@ class Trainer:
         self.run_info = run_info or {}
         self.distributed = not isinstance(comm, LocalComm)
         self.dtype = torch.float64 if config.dtype == "float64" else torch.float32
-        self.x = torch.from_numpy(np.asarray(graph.x)).to(self.dtype)
+        self.x = make_features(graph.x, self.dtype, config.feature_format)
         self.y = torch.from_numpy(np.asarray(graph.y, dtype=np.int64))
         self.masks = {"train": graph.train_mask, "val": graph.val_mask, "test": graph.test_mask}
         self.model = GNN(config.backbone, graph.x.shape[1], config.hidden, num_classes,
@@ -160,7 +160,8 @@ class Trainer:
         parameter's .grad on every rank and returns the global loss."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
-        logits = self.model(self.x[operator.rows], operator, self.exchange, self.dropout_rng)
+        logits = self.model(select_rows(self.x, operator.rows), operator, self.exchange,
+                            self.dropout_rng)
         train = torch.from_numpy(self.masks["train"][operator.rows])
         loss = F.cross_entropy(logits[train], self.y[operator.rows][train], reduction="sum")
         loss = loss / max(1, global_train_rows)

@@ -120,3 +120,23 @@ def test_centralized_mode_equals_pyg_without_mpi(toy_graph, tmp_path):
         assert_close(logits, reference[2], TOLERANCE[dtype], f"{backbone} {dtype} logits")
         assert_close(loss, reference[0], TOLERANCE[dtype], f"{backbone} {dtype} loss")
         assert_close(grads, reference[1], TOLERANCE[dtype], f"{backbone} {dtype} grads")
+
+
+@pytest.mark.parametrize("backbone", ["gcn", "1gnn"])
+def test_sparse_and_dense_features_agree(toy_graph, tmp_path, backbone):
+    """The sparse first-layer path (bag-of-words inputs) computes the dense path's numbers."""
+    graph = Graph(toy_graph.adj, np.where(toy_graph.x > 1.0, toy_graph.x, 0).astype(np.float32),
+                  toy_graph.y, toy_graph.train_mask, toy_graph.val_mask, toy_graph.test_mask)
+    shard_dir = write_shards(graph, random_parts(graph.num_nodes, 1), tmp_path / "shards")
+    manifest = read_manifest(shard_dir)
+    merged = ClientGraph.merged([load_client_shard(shard_dir / shard_filename(0))])
+    results = {}
+    for feature_format in ("dense", "sparse"):
+        config = TrainConfig(backbone=backbone, dtype="float64", dropout=0.0, sampling="none",
+                             hidden=16, seed=3, feature_format=feature_format)
+        trainer = Trainer(config, LocalComm(), merged, manifest.num_classes, None)
+        loss = trainer.loss_and_gradients(trainer.full_operator,
+                                          trainer.global_split_counts["train"])
+        results[feature_format] = (loss, flat_grads(trainer.model), trainer.full_logits().numpy())
+    for k, what in enumerate(("loss", "grads", "logits")):
+        assert_close(results["sparse"][k], results["dense"][k], 1e-12, what)

@@ -1,0 +1,1 @@
+"""Baseline methods the paper compares against, run on the same shards (docs/algorithms.md)."""
