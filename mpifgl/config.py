@@ -169,7 +169,8 @@ def resumed_config(saved: dict[str, Any], given: TrainConfig, explicit: set[str]
         raise ValueError(f"--resume continues a run with its own settings; these flags differ: "
                          f"{flags}. Only {', '.join('--' + n.replace('_', '-') for n in RESUME_OVERRIDABLE)} may change")
     overrides = {name: getattr(given, name) for name in explicit & set(RESUME_OVERRIDABLE)}
-    return config.replace(**overrides, resume=given.resume, out=given.resume)
+    overrides.update(resume=given.resume, out=given.resume, force=False)
+    return config.replace(**overrides)
 
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:

@@ -25,7 +25,7 @@ from mpifgl.config import TrainConfig
 from mpifgl.graph import ClientGraph, LayerOperator, build_operator
 from mpifgl.model import GNN, flat_grads, make_features, select_rows, set_flat_grads
 from mpifgl.runlog import CHECKPOINT_NAME, RunDirectory
-from mpifgl.sampling import (NodeSampler, client_sample_sizes, group_counts, make_distribution,
+from mpifgl.sampling import (NodeSample, NodeSampler, client_sample_sizes, group_counts, make_distribution,
                              node_groups)
 
 log = logging.getLogger("mpifgl")
@@ -144,7 +144,12 @@ class Trainer:
         """Phase 'sample': this step's operator and the global count of training rows in it."""
         if self.sampler is None and self.config.sampling == "none":
             return self.full_operator, self.global_split_counts["train"]
-        sample = self.sampler.sample() if self.sampler is not None else None
+        return self.operator_for_sample(self.sampler.sample() if self.sampler is not None else None)
+
+    def operator_for_sample(self, sample: NodeSample | None) -> tuple[LayerOperator, int]:
+        """Share every client's sample (sorted local index + p(u); None on the server) and build
+        this rank's operator for their union, with the global count of training rows in it.
+        Collective: every rank calls it once per step. Any sampler can feed it (e.g. BNS-GCN)."""
         index = sample.index if sample is not None else np.zeros(0, dtype=np.int64)
         probability = sample.probability if sample is not None else np.zeros(0)
         train_rows = int(self.graph.train_mask[index].sum())
@@ -273,8 +278,16 @@ class Trainer:
         return {"sample": self.sample_rng.bit_generator.state,
                 "dropout": self.dropout_rng.get_state()}
 
+    def _rank_state(self) -> dict[str, Any]:
+        """What each rank contributes to a checkpoint (a subclass may add per-rank state)."""
+        return self._rng_state()
+
+    def _restore_rank_state(self, state: dict[str, Any]) -> None:
+        self.sample_rng.bit_generator.state = state["sample"]
+        self.dropout_rng.set_state(state["dropout"])
+
     def save_checkpoint(self) -> None:
-        states = self.comm.gather_objects(self._rng_state())
+        states = self.comm.gather_objects(self._rank_state())
         if not self.comm.is_server:
             return
         assert self.run_dir is not None
@@ -293,5 +306,4 @@ class Trainer:
         self.model.load_state_dict(payload["model"])
         self.optimizer.load_state_dict(payload["optimizer"])
         self.state = TrainerState(payload["epoch"], BestScore(**payload["best"]))
-        self.sample_rng.bit_generator.state = mine["sample"]
-        self.dropout_rng.set_state(mine["dropout"])
+        self._restore_rank_state(mine)

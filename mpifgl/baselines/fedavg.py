@@ -1,0 +1,228 @@
+"""FedAvg+GCN (McMahan et al., AISTATS 2017) on local subgraphs, and FedAvg with neighbour
+collection (the paper's "FedAvg+nc", section 4: each client adds 20% of its cross-client
+neighbours to its local graph).
+
+One round per epoch:
+
+1. every client runs ``--local-epochs`` full-batch steps of the backbone on its LOCAL graph with
+   its own Adam state (cross-client edges dropped; degrees and GCN normalisation from the local
+   graph, so nothing crosses clients during training);
+2. aggregation: the server sums ``n_i * w_i`` and ``n_i`` over clients (one ``sum_to_all`` on a
+   flat float64 buffer) and every rank, the server included, continues from
+   ``w = sum n_i w_i / sum n_i``, where n_i = number of the client's TRAINING nodes (FedAvg's
+   n_k: the examples the local loss is averaged over);
+3. evaluation: each client predicts its own nodes with the averaged model on its local graph
+   (all FedAvg can do; this is where local bias shows); counts are summed at the server as in
+   ``Trainer.evaluate``, and ``--save-logits`` writes these local-graph logits.
+
+The reported loss of a round is the n_i-weighted mean of the clients' local losses over the
+round's local epochs. With one client (= the whole graph) and ``--local-epochs 1`` a round is
+exactly one step of centralized full-batch training.
+
+FedAvg+nc: at set-up client i draws ``round(nc_fraction * k_i)`` of its k_i distinct one-hop
+cross-client neighbours (seeded, without replacement), fetches their features from the owning
+clients through the server (pickled messages, once), and adds them as unlabelled nodes with the
+edges between them and its own nodes (edges among added nodes are not known to client i and are
+not added). Added nodes are never in the loss and never evaluated.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+import torch.nn.functional as F
+
+from mpifgl.graph import ClientGraph, build_operator
+from mpifgl.model import make_features
+
+# -- aggregation: pure functions (tested with hand-computed values) ------------------------------
+
+
+def flat_parameters(model: torch.nn.Module) -> np.ndarray:
+    """All parameters in one float64 vector (model.parameters() order)."""
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).to(torch.float64).numpy()
+
+
+def set_flat_parameters(model: torch.nn.Module, flat: np.ndarray) -> None:
+    position = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            count = p.numel()
+            p.copy_(torch.from_numpy(flat[position:position + count]).view_as(p).to(p.dtype))
+            position += count
+    assert position == flat.shape[0], "parameter vector length does not match the model"
+
+
+def fedavg_contribution(params: np.ndarray, weight: float, loss: float) -> np.ndarray:
+    """What one client adds to the round's sum: [weight * params, weight * loss, weight]."""
+    return np.concatenate([np.asarray(params, np.float64) * weight, [weight * loss, weight]])
+
+
+def fedavg_result(summed: np.ndarray) -> tuple[np.ndarray, float]:
+    """From the sum of contributions: (weighted mean of the parameters, weighted mean loss)."""
+    total = float(summed[-1])
+    if total <= 0:
+        raise ValueError("FedAvg round with total client weight 0 (no training nodes anywhere)")
+    return summed[:-2] / total, float(summed[-2]) / total
+
+
+def weighted_average(params_by_client: list[np.ndarray], weights: list[float]) -> np.ndarray:
+    """sum_i w_i p_i / sum_i w_i through the same two functions the MPI path uses."""
+    summed = sum(fedavg_contribution(p, w, 0.0) for p, w in zip(params_by_client, weights))
+    return fedavg_result(summed)[0]
+
+
+# -- local graphs --------------------------------------------------------------------------------
+
+
+@dataclass
+class LocalGraph:
+    """A client's training graph: its own nodes first (rows 0..n_own-1), then added nodes."""
+
+    graph: ClientGraph  # inner = local adjacency, degree = local degree, no cross part
+    x: np.ndarray  # [n_own + k, d]
+    num_own: int
+
+
+def local_graph(graph: ClientGraph, extra_edges: sp.csr_matrix | None = None,
+                extra_x: np.ndarray | None = None) -> LocalGraph:
+    """The graph a FedAvg client trains on: A_ii plus, optionally, k added nodes joined to its
+    own nodes by ``extra_edges`` [n_i, k]. Degrees are counted in this graph only."""
+    n_i = graph.num_nodes
+    adjacency = graph.inner.tocsr().astype(np.float32)
+    x = graph.x
+    if extra_edges is not None and extra_edges.shape[1] > 0:
+        k = extra_edges.shape[1]
+        adjacency = sp.bmat([[adjacency, extra_edges], [extra_edges.T, sp.csr_matrix((k, k))]],
+                            format="csr", dtype=np.float32)
+        x = np.concatenate([graph.x, np.asarray(extra_x, dtype=graph.x.dtype)])
+    adjacency.sort_indices()
+    size = adjacency.shape[0]
+    degree = np.asarray(adjacency.sum(axis=1)).ravel().round().astype(np.int64)
+    empty = np.zeros(size - n_i, dtype=bool)
+    view = ClientGraph(
+        client_id=0, client_sizes=np.asarray([size], np.int64),
+        global_id=np.concatenate([graph.global_id, np.full(size - n_i, -1, np.int64)]),
+        x=x, y=np.concatenate([graph.y, np.zeros(size - n_i, np.int64)]),
+        train_mask=np.concatenate([graph.train_mask, empty]),
+        val_mask=np.concatenate([graph.val_mask, empty]),
+        test_mask=np.concatenate([graph.test_mask, empty]),
+        degree=degree, inner=adjacency, cross=sp.csr_matrix((size, 0), dtype=np.float32))
+    return LocalGraph(view, x, n_i)
+
+
+def choose_cross_neighbours(graph: ClientGraph, fraction: float,
+                            rng: np.random.Generator) -> np.ndarray:
+    """Sorted client-ordered ids of round(fraction * k) of the k distinct cross-client
+    neighbours, drawn without replacement."""
+    candidates = np.unique(graph.cross.indices).astype(np.int64)
+    count = int(round(fraction * candidates.shape[0]))
+    return np.sort(rng.choice(candidates, size=count, replace=False)).astype(np.int64)
+
+
+def fetch_features(comm: Any, graph: ClientGraph, wanted: np.ndarray) -> np.ndarray:
+    """Features [len(wanted), d] of the client-ordered nodes ``wanted``, read by their owners
+    and routed through the server (set-up only: pickled calls). Collective on every rank."""
+    offsets = graph.offsets
+    requests = comm.gather_objects(wanted)
+    asks = None
+    if comm.is_server:  # rank r serves client r - 1; the server is asked nothing
+        union = np.unique(np.concatenate(requests)) if requests else np.zeros(0, np.int64)
+        owner = np.searchsorted(offsets, union, side="right") - 1
+        asks = [np.zeros(0, np.int64)] + [union[owner == j] - offsets[j]
+                                          for j in range(graph.num_clients)]
+    asked = comm.scatter_objects(asks)
+    replies = comm.gather_objects(graph.x[asked] if graph.client_id >= 0 else None)
+    answers = None
+    if comm.is_server:
+        width = graph.x.shape[1]
+        table = {}
+        for j in range(graph.num_clients):
+            for local, row in zip(asks[j + 1], replies[j + 1]):
+                table[int(offsets[j] + local)] = row
+        answers = [np.asarray([table[int(u)] for u in ids], dtype=graph.x.dtype).reshape(-1, width)
+                   for ids in requests]
+    return comm.scatter_objects(answers)
+
+
+# -- the trainers --------------------------------------------------------------------------------
+
+from mpifgl.trainer import Trainer  # noqa: E402  (after the pure functions, which need no trainer)
+
+
+class FedAvgTrainer(Trainer):
+    collect_neighbours = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)  # global split counts, model, Adam (one per rank)
+        if self.global_split_counts["train"] == 0:
+            raise ValueError("--algo fedavg needs training nodes: the shards have none")
+        self.local = self._build_local_graph()
+        self.local_x = make_features(self.local.x, self.dtype, self.config.feature_format)
+        self.local_y = torch.from_numpy(self.local.graph.y)
+        self.local_train = torch.from_numpy(self.local.graph.train_mask)
+        self.local_operator = build_operator(self.local.graph, self.config.backbone, None, None,
+                                             self.dtype, exchanged=False)
+        # Evaluation and logits use the local graph; nothing is exchanged after set-up.
+        self.full_operator = self.local_operator
+        self.exchange = None
+        self.weight = float(self.graph.train_mask.sum())  # n_i: local training nodes
+
+    def _build_local_graph(self) -> LocalGraph:
+        return local_graph(self.graph)
+
+    # -- one round ----------------------------------------------------------------------------
+    def local_step(self) -> float:
+        """One full-batch step on the local graph with this client's own optimizer."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=False)
+        logits = self.model(self.local_x, self.local_operator, None, self.dropout_rng)
+        loss = F.cross_entropy(logits[self.local_train], self.local_y[self.local_train])
+        loss.backward()
+        self.optimizer.step()
+        return float(loss.detach())
+
+    def train_step(self) -> float:
+        """One round: local epochs on every client, then the weighted average everywhere."""
+        loss, params = 0.0, flat_parameters(self.model)
+        if self.graph.client_id >= 0 and self.weight > 0:
+            loss = float(np.mean([self.local_step() for _ in range(self.config.local_epochs)]))
+            params = flat_parameters(self.model)
+        weight = self.weight if self.graph.client_id >= 0 else 0.0
+        summed = self.comm.sum_to_all(fedavg_contribution(params, weight, loss))
+        average, mean_loss = fedavg_result(summed)
+        set_flat_parameters(self.model, average)
+        return mean_loss
+
+    # -- evaluation: own nodes only, local graph ------------------------------------------------
+    @torch.no_grad()
+    def full_logits(self) -> torch.Tensor:
+        self.model.eval()
+        return self.model(self.local_x, self.local_operator, None)[:self.local.num_own]
+
+    # -- checkpoints: every client's Adam state is its own --------------------------------------
+    def _rank_state(self) -> dict[str, Any]:
+        return {**self._rng_state(), "optimizer": self.optimizer.state_dict()}
+
+    def _restore_rank_state(self, state: dict[str, Any]) -> None:
+        super()._restore_rank_state(state)
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+class FedAvgNCTrainer(FedAvgTrainer):
+    collect_neighbours = True
+
+    def _build_local_graph(self) -> LocalGraph:
+        """Collective: chosen neighbours' features come from their owners via the server."""
+        chosen = np.zeros(0, np.int64)
+        if self.graph.client_id >= 0:
+            chosen = choose_cross_neighbours(self.graph, self.config.nc_fraction, self.sample_rng)
+        features = fetch_features(self.comm, self.graph, chosen)
+        self.collected = chosen  # client-ordered ids, for tests and logs
+        if self.graph.client_id < 0:
+            return local_graph(self.graph)
+        edges = self.graph.cross[:, chosen].tocsr() if chosen.size else None
+        return local_graph(self.graph, edges, features)

@@ -1,0 +1,342 @@
+"""Centralized sampling baselines on the merged graph, with PyG layers:
+
+* GraphSAGE (Hamilton et al., NeurIPS 2017): ``SAGEConv`` (mean aggregation), mini-batches of
+  ``--batch-size`` training seeds, neighbour sampling with ``--fanouts`` per hop.
+* GraphSAINT (Zeng et al., ICLR 2020): random-walk subgraphs (``--batch-size`` roots, walks of
+  ``--walk-length``) with the paper's loss and aggregator normalisations estimated by
+  pre-sampling, as PyG's ``GraphSAINTSampler(sample_coverage=...)`` does.
+
+Samplers are numpy: PyG's ``NeighborLoader`` and ``GraphSAINTRandomWalkSampler`` need pyg-lib or
+torch-sparse, and neither is installable here (pyg-lib has no PyPI release; torch-sparse is a long
+source build against the pinned torch). ``torch_geometric.typing.WITH_PYG_LIB`` and
+``WITH_TORCH_SPARSE`` are False in this environment. The sampled subgraph is fed to the PyG convs
+as an ``edge_index`` (source row 0, target row 1, PyG's flow), so only the sampling is ours.
+
+Epoch = roughly one pass over the data: GraphSAGE takes every training node once as a seed
+(shuffled, ceil(n_train / batch) steps); GraphSAINT takes as many subgraphs as make up about n
+sampled nodes (round(n / mean subgraph size), the rule behind PyG's example's ``num_steps``).
+``--steps-per-epoch`` repeats that pass. Evaluation is a full-graph forward of the same convs.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mpifgl.model import dropout
+from mpifgl.trainer import Trainer
+
+# GraphSAINT pre-sampling: draw subgraphs until every node was sampled this many times on
+# average (PyG's example uses sample_coverage=100).
+SAMPLE_COVERAGE = 100
+# Never-sampled nodes / edges get this count (PyG's choice), so their weights stay finite.
+UNSEEN_COUNT = 0.1
+
+
+# -- samplers: plain numpy on a CSR adjacency -----------------------------------------------------
+
+
+def sample_neighbours(indptr: np.ndarray, indices: np.ndarray, nodes: np.ndarray, fanout: int,
+                      rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Up to ``fanout`` distinct neighbours of every node, uniformly without replacement.
+    Returns (neighbour, node) pairs as two int64 arrays."""
+    starts, ends = indptr[nodes], indptr[nodes + 1]
+    degrees = ends - starts
+    total = int(degrees.sum())
+    if total == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    owner = np.repeat(np.arange(nodes.shape[0]), degrees)
+    first = np.concatenate([[0], np.cumsum(degrees)[:-1]])
+    positions = np.arange(total) - first[owner] + starts[owner]
+    # A random key per edge; within each node keep the `fanout` smallest = a uniform subset.
+    order = np.lexsort((rng.random(total), owner))
+    rank = np.arange(total) - first[owner[order]]
+    chosen = order[rank < fanout]
+    return indices[positions[chosen]].astype(np.int64), nodes[owner[chosen]].astype(np.int64)
+
+
+class NeighbourSampler:
+    """GraphSAGE's sampler, with NeighborLoader's semantics: hop k samples up to fanouts[k]
+    neighbours of the nodes first reached at hop k - 1 (the seeds for hop 1); the result is the
+    union of sampled edges over the union of nodes, seeds first."""
+
+    def __init__(self, adjacency: sp.csr_matrix, fanouts: list[int], rng: np.random.Generator):
+        self.indptr = adjacency.indptr.astype(np.int64)
+        self.indices = adjacency.indices.astype(np.int64)
+        self.fanouts = list(fanouts)
+        self.rng = rng
+        self._position = np.full(adjacency.shape[0], -1, dtype=np.int64)  # reset after each use
+
+    def sample(self, seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """seeds: distinct node ids. Returns (nodes [k] with nodes[:len(seeds)] = seeds,
+        edge_index [2, e] in positions of ``nodes``: row 0 the neighbour, row 1 the node)."""
+        seeds = np.asarray(seeds, dtype=np.int64)
+        nodes, frontier = [seeds], seeds
+        self._position[seeds] = np.arange(seeds.shape[0])
+        count = seeds.shape[0]
+        sources, targets = [], []
+        for fanout in self.fanouts:
+            neighbour, node = sample_neighbours(self.indptr, self.indices, frontier, fanout,
+                                                self.rng)
+            new = np.unique(neighbour[self._position[neighbour] < 0])
+            self._position[new] = count + np.arange(new.shape[0])
+            count += new.shape[0]
+            nodes.append(new)
+            sources.append(self._position[neighbour])
+            targets.append(self._position[node])
+            frontier = new
+        all_nodes = np.concatenate(nodes)
+        self._position[all_nodes] = -1
+        edge_index = np.vstack([np.concatenate(sources), np.concatenate(targets)]).astype(np.int64)
+        return all_nodes, edge_index
+
+
+class RandomWalkSampler:
+    """GraphSAINT's random-walk sampler: ``roots`` uniform roots (over all nodes, as PyG), one
+    walk of ``walk_length`` uniform steps from each; the subgraph is induced by the visited nodes.
+    A node without neighbours stays where it is."""
+
+    def __init__(self, adjacency: sp.csr_matrix, roots: int, walk_length: int,
+                 rng: np.random.Generator):
+        self.indptr = adjacency.indptr.astype(np.int64)
+        self.indices = adjacency.indices.astype(np.int64)
+        self.num_nodes = adjacency.shape[0]
+        self.roots, self.walk_length, self.rng = roots, walk_length, rng
+        # Same structure, data = CSR position + 1: slicing keeps every edge's id.
+        self._edge_ids = sp.csr_matrix((np.arange(1, self.indices.shape[0] + 1, dtype=np.int64),
+                                        self.indices, self.indptr), shape=adjacency.shape)
+
+    def sample_nodes(self) -> np.ndarray:
+        current = self.rng.integers(0, self.num_nodes, self.roots)
+        visited = [current]
+        for _ in range(self.walk_length):
+            degree = self.indptr[current + 1] - self.indptr[current]
+            step = np.floor(self.rng.random(current.shape[0]) * degree).astype(np.int64)
+            moved = degree > 0
+            current = current.copy()
+            current[moved] = self.indices[self.indptr[current[moved]] + step[moved]]
+            visited.append(current)
+        return np.unique(np.concatenate(visited))
+
+    def induced(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Edges among ``nodes`` (sorted): edge_index [2, e] in positions of ``nodes`` (row 0
+        source u, row 1 target v) and the id (CSR position of (v, u)) of every edge."""
+        sub = self._edge_ids[nodes][:, nodes].tocoo()
+        edge_index = np.vstack([sub.col, sub.row]).astype(np.int64)
+        return edge_index, (sub.data - 1).astype(np.int64)
+
+    def sample(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        nodes = self.sample_nodes()
+        edge_index, edge_ids = self.induced(nodes)
+        return nodes, edge_index, edge_ids
+
+
+def saint_normalisation(sampler: RandomWalkSampler, train_mask: np.ndarray,
+                        coverage: float = SAMPLE_COVERAGE
+                        ) -> tuple[np.ndarray, np.ndarray, float]:
+    """Estimate GraphSAINT's coefficients from pre-sampled subgraphs (M of them, until
+    ``coverage * n`` nodes were drawn in total). With C_v / C_e the number of subgraphs holding
+    node v / edge e = (v, u):
+
+    * loss weight of training node v: 1 / (n_train * p_v), p_v = C_v / M, so that the expected
+      weighted loss of a subgraph is the mean loss over all training nodes (the centralized
+      objective; PyG divides by n instead of n_train, a constant factor);
+    * aggregator weight of the message u -> v: C_v / C_e (= p_v / p_{u,v}, the paper's 1/alpha),
+      capped at 1e4 as in PyG.
+
+    Returns (loss_weight [n], edge_norm [nnz] per CSR position, mean subgraph size)."""
+    n = sampler.num_nodes
+    node_count = np.zeros(n, dtype=np.float64)
+    edge_count = np.zeros(sampler.indices.shape[0], dtype=np.float64)
+    drawn, samples = 0, 0
+    while drawn < coverage * n:
+        nodes, _, edge_ids = sampler.sample()
+        node_count[nodes] += 1
+        edge_count[edge_ids] += 1
+        drawn += nodes.shape[0]
+        samples += 1
+    node_count[node_count == 0] = UNSEEN_COUNT
+    edge_count[edge_count == 0] = UNSEEN_COUNT
+    target = np.repeat(np.arange(n), np.diff(sampler.indptr))  # v of each CSR entry (v, u)
+    edge_norm = np.minimum(node_count[target] / edge_count, 1e4)
+    n_train = max(1, int(np.asarray(train_mask).sum()))
+    loss_weight = samples / (node_count * n_train)
+    return loss_weight, edge_norm, drawn / samples
+
+
+# -- models: PyG convs in a ModuleList called `layers` --------------------------------------------
+
+
+class PyGStack(nn.Module):
+    """``layers`` PyG convs, dropout before each, ReLU between them. Keys: layers.{l}.<conv's>."""
+
+    def __init__(self, make_conv: Callable[[int, int], nn.Module], widths: list[int],
+                 dropout_p: float, seed: int, dtype: torch.dtype):
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):  # PyG initialises from the global generator
+            torch.manual_seed(seed)
+            self.layers = nn.ModuleList(make_conv(widths[k], widths[k + 1])
+                                        for k in range(len(widths) - 1))
+        self.dropout_p = dropout_p
+        self.to(dtype)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor,
+                edge_weight: torch.Tensor | None = None,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+        z = x
+        for k, layer in enumerate(self.layers):
+            if generator is not None and self.training:
+                z = dropout(z, self.dropout_p, generator)
+            z = layer(z, edge_index) if edge_weight is None else layer(z, edge_index, edge_weight)
+            if k < len(self.layers) - 1:
+                z = torch.relu(z)
+        return z
+
+
+def csr_edge_index(adjacency: sp.csr_matrix) -> np.ndarray:
+    """[2, nnz] in CSR order: row 0 source u (column), row 1 target v (row)."""
+    target = np.repeat(np.arange(adjacency.shape[0]), np.diff(adjacency.indptr))
+    return np.vstack([adjacency.indices, target]).astype(np.int64)
+
+
+class _CentralizedPyGTrainer(Trainer):
+    """A centralized Trainer whose model is a PyG stack on a dense feature matrix. The run loop,
+    evaluation counting, outputs and checkpoints are the Trainer's."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.distributed:
+            raise ValueError(f"--algo {self.config.algo} is centralized; it runs in one process")
+        self.adjacency = self.graph.inner.tocsr()
+        self.features = torch.from_numpy(np.asarray(self.graph.x)).to(self.dtype)
+        self.train_ids = np.flatnonzero(self.graph.train_mask).astype(np.int64)
+        widths = [self.graph.x.shape[1]] + [self.config.hidden] * (self.config.layers - 1) + \
+                 [self.num_classes]
+        self.model = PyGStack(self.make_conv, widths, self.config.dropout, self.config.seed,
+                              self.dtype)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.config.lr,
+                                          weight_decay=self.config.weight_decay)
+        self.full_edge_index = torch.from_numpy(csr_edge_index(self.adjacency))
+
+    def make_conv(self, in_dim: int, out_dim: int) -> nn.Module:
+        raise NotImplementedError
+
+    def step(self, nodes: np.ndarray, edge_index: np.ndarray, edge_weight: torch.Tensor | None,
+             out_rows: int, loss_weight: torch.Tensor | None) -> float:
+        """One optimizer step on a sampled subgraph; loss over its first ``out_rows`` rows
+        (GraphSAGE's seeds) or over its training nodes weighted by ``loss_weight``."""
+        self.model.train()
+        self.optimizer.zero_grad()
+        logits = self.model(self.features[torch.from_numpy(nodes)],
+                            torch.from_numpy(edge_index), edge_weight, self.dropout_rng)
+        labels = self.y[torch.from_numpy(nodes)]
+        if loss_weight is None:
+            loss = F.cross_entropy(logits[:out_rows], labels[:out_rows])
+        else:
+            train = torch.from_numpy(self.graph.train_mask[nodes])
+            losses = F.cross_entropy(logits[train], labels[train], reduction="none")
+            loss = (losses * loss_weight[train]).sum()
+        loss.backward()
+        self.optimizer.step()
+        return float(loss.detach())
+
+    @torch.no_grad()
+    def full_logits(self) -> torch.Tensor:
+        self.model.eval()
+        return self.model(self.features, self.full_edge_index, self.full_edge_weight())
+
+    def full_edge_weight(self) -> torch.Tensor | None:
+        return None
+
+
+class GraphSAGETrainer(_CentralizedPyGTrainer):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        fanouts = [int(v) for v in self.config.fanouts.split(",")]
+        if len(fanouts) != self.config.layers:
+            raise ValueError(f"--fanouts {self.config.fanouts!r} has {len(fanouts)} values, "
+                             f"expected one per layer (--layers {self.config.layers})")
+        self.neighbour_sampler = NeighbourSampler(self.adjacency, fanouts, self.sample_rng)
+
+    def make_conv(self, in_dim: int, out_dim: int) -> nn.Module:
+        from torch_geometric.nn import SAGEConv
+        return SAGEConv(in_dim, out_dim, aggr="mean")
+
+    def train_step(self) -> float:
+        """One pass over the training nodes in shuffled mini-batches; the mean batch loss."""
+        order = self.sample_rng.permutation(self.train_ids)
+        losses = []
+        for start in range(0, order.shape[0], self.config.batch_size):
+            seeds = order[start:start + self.config.batch_size]
+            nodes, edge_index = self.neighbour_sampler.sample(seeds)
+            losses.append(self.step(nodes, edge_index, None, seeds.shape[0], None))
+        return float(np.mean(losses)) if losses else 0.0
+
+
+class GraphSAINTTrainer(_CentralizedPyGTrainer):
+    """--backbone gcn: GCNConv(normalize=False) on D~^-1/2 (A + I) D~^-1/2 (whole-graph degrees,
+    self loops as explicit edges) with every neighbour entry times its aggregator weight; the
+    self loop is not reweighted (node v's own row exists whenever v is sampled).
+    --backbone 1gnn: GraphConv (sum aggregation, as our 1-GNN) with edge_weight = the
+    aggregator weight (1 on the full graph)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.walk_sampler = RandomWalkSampler(self.adjacency, self.config.batch_size,
+                                              self.config.walk_length, self.sample_rng)
+        loss_weight, edge_norm, mean_size = saint_normalisation(self.walk_sampler,
+                                                                self.graph.train_mask)
+        self.loss_weight = torch.from_numpy(loss_weight).to(self.dtype)
+        self.edge_norm = edge_norm
+        self.subgraphs_per_pass = max(1, round(self.graph.num_nodes / mean_size))
+        degree = np.asarray(self.adjacency.sum(axis=1)).ravel() + 1.0
+        target = np.repeat(np.arange(self.graph.num_nodes), np.diff(self.adjacency.indptr))
+        if self.config.backbone == "gcn":
+            self.base_weight = 1.0 / np.sqrt(degree[target] * degree[self.adjacency.indices])
+            self.self_weight = 1.0 / degree
+        else:
+            self.base_weight = np.ones(self.adjacency.nnz)
+            self.self_weight = None
+
+    def make_conv(self, in_dim: int, out_dim: int) -> nn.Module:
+        from torch_geometric.nn import GCNConv, GraphConv
+        if self.config.backbone == "gcn":
+            return GCNConv(in_dim, out_dim, normalize=False, add_self_loops=False)
+        return GraphConv(in_dim, out_dim, aggr="add")
+
+    def with_self_loops(self, nodes: np.ndarray, edge_index: np.ndarray, weight: np.ndarray
+                        ) -> tuple[np.ndarray, torch.Tensor]:
+        if self.self_weight is not None:
+            loops = np.arange(nodes.shape[0], dtype=np.int64)
+            edge_index = np.hstack([edge_index, np.vstack([loops, loops])])
+            weight = np.concatenate([weight, self.self_weight[nodes]])
+        return edge_index, torch.from_numpy(np.asarray(weight, np.float64)).to(self.dtype)
+
+    def full_edge_weight(self) -> torch.Tensor:
+        if not hasattr(self, "_full_weight"):
+            nodes = np.arange(self.graph.num_nodes)
+            edge_index, self._full_weight = self.with_self_loops(
+                nodes, csr_edge_index(self.adjacency), self.base_weight)
+            self.full_edge_index = torch.from_numpy(edge_index)
+        return self._full_weight
+
+    @torch.no_grad()
+    def full_logits(self) -> torch.Tensor:
+        weight = self.full_edge_weight()  # sets full_edge_index (self loops included) first
+        self.model.eval()
+        return self.model(self.features, self.full_edge_index, weight)
+
+    def train_step(self) -> float:
+        """About one pass over the nodes: subgraphs_per_pass random-walk subgraphs."""
+        losses = []
+        for _ in range(self.subgraphs_per_pass):
+            nodes, edge_index, edge_ids = self.walk_sampler.sample()
+            weight = self.base_weight[edge_ids] * self.edge_norm[edge_ids]
+            edge_index, edge_weight = self.with_self_loops(nodes, edge_index, weight)
+            losses.append(self.step(nodes, edge_index, edge_weight, 0,
+                                    self.loss_weight[torch.from_numpy(nodes)]))
+        return float(np.mean(losses))
