@@ -205,10 +205,11 @@ class GNN(nn.Module):
 
 
 def flat_grads(model: nn.Module) -> np.ndarray:
-    """All parameter gradients in one contiguous float64 buffer (zeros where None)."""
+    """All parameter gradients in one contiguous buffer of the model's dtype (zeros where
+    None): the weight-gradient message is as small as the weights themselves."""
     parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
              for p in model.parameters()]
-    return torch.cat(parts).to(torch.float64).numpy().copy()
+    return torch.cat(parts).numpy().copy()
 
 
 def set_flat_grads(model: nn.Module, flat: np.ndarray) -> None:

@@ -171,7 +171,9 @@ class Trainer:
         loss = F.cross_entropy(logits[train], self.y[operator.rows][train], reduction="sum")
         loss = loss / max(1, global_train_rows)
         loss.backward()
-        summed = self.comm.sum_to_all(np.append(flat_grads(self.model), float(loss.detach())))
+        grads = flat_grads(self.model)
+        message = np.append(grads, np.asarray(float(loss.detach()), dtype=grads.dtype))
+        summed = self.comm.sum_to_all(message)
         set_flat_grads(self.model, summed[:-1])
         return float(summed[-1])
 
