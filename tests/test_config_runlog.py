@@ -1,0 +1,100 @@
+"""Plain pytest: configuration parsing/validation and the run directory's safety rules."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mpifgl.config import TrainConfig, build_parser, explicit_flags, parse_config, resumed_config
+from mpifgl.runlog import RunDirectory, atomic_write, check_run_dir_writable
+
+
+def test_defaults_are_the_papers_settings():
+    config = parse_config([])
+    assert (config.hidden, config.dropout, config.layers, config.epochs) == (128, 0.2, 2, 200)
+    assert config.sampling == "label" and config.algo == "ours" and config.backbone == "gcn"
+    config.validate()
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("layers", 0, "--layers is 0, expected an integer >= 1"),
+    ("dropout", 1.0, "--dropout is 1.0, expected a probability in [0, 1)"),
+    ("lr", -0.1, "--lr is -0.1"),
+    ("sample_size", -5, "--sample-size is -5"),
+    ("steps_per_epoch", 0, "--steps-per-epoch is 0"),
+    ("seed", -1, "--seed is -1, expected an integer >= 0"),
+    ("fanouts", "25,x", "--fanouts is '25,x'"),
+    ("boundary_p", 0.0, "--boundary-p is 0.0"),
+])
+def test_validation_names_flag_value_and_expectation(flag, value, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")
+                       .replace(")", r"\)").replace(".", r"\.")):
+        TrainConfig(**{flag: value}).validate()
+
+
+def test_every_field_has_exactly_one_flag():
+    parser = build_parser()
+    flags = [a.option_strings[0] for a in parser._actions if a.option_strings[0] != "-h"]
+    assert len(flags) == len(set(flags)) == len(TrainConfig.__dataclass_fields__)
+
+
+def test_explicit_flags_and_resume_overrides():
+    assert explicit_flags(["--epochs", "5", "--save-logits"]) == {"epochs", "save_logits"}
+    saved = TrainConfig(lr=0.1, epochs=10).to_dict()
+    given = parse_config(["--resume", "r", "--epochs", "20"])
+    resumed = resumed_config(saved, given, {"resume", "epochs"})
+    assert resumed.epochs == 20 and resumed.lr == 0.1 and resumed.out == "r"
+    with pytest.raises(ValueError, match="--lr 0.5"):
+        resumed_config(saved, parse_config(["--resume", "r", "--lr", "0.5"]), {"resume", "lr"})
+
+
+def test_atomic_write_keeps_the_previous_file_on_failure(tmp_path):
+    run = RunDirectory(tmp_path)
+    run.save_torch("checkpoint.pt", {"epoch": 1})
+
+    def crash(tmp):
+        with open(tmp, "wb") as handle:
+            handle.write(b"half a checkpoint")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(tmp_path / "checkpoint.pt", crash)
+    assert torch.load(tmp_path / "checkpoint.pt") == {"epoch": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]  # no temp left
+
+
+def test_run_dir_rules(tmp_path):
+    assert check_run_dir_writable(tmp_path / "new", force=False, resume=False) is None
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "final.json").write_text("{}")
+    assert "already holds a run" in check_run_dir_writable(tmp_path / "old", False, False)
+    assert check_run_dir_writable(tmp_path / "old", True, False) is None
+    assert "no checkpoint.pt" in check_run_dir_writable(tmp_path / "old", False, True)
+    (tmp_path / "file").write_text("x")
+    assert "not a directory" in check_run_dir_writable(tmp_path / "file", False, False)
+
+
+def test_metrics_truncated_to_checkpoint_epoch(tmp_path):
+    run = RunDirectory(tmp_path)
+    for epoch in range(1, 6):
+        run.append_metrics({"epoch": epoch, "loss": 1.0 / epoch})
+    run.reset_metrics(keep_through_epoch=3)
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 3
+
+
+def test_model_module_does_not_import_mpi():
+    code = ("import sys, mpifgl.model, mpifgl.graph, mpifgl.sampling, mpifgl.trainer, "
+            "mpifgl.shards; assert 'mpi4py' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_only_comm_imports_mpi4py():
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[1]
+    offenders = [str(path.relative_to(repo)) for folder in ("mpifgl", "data_prep")
+                 for path in (repo / folder).rglob("*.py")
+                 if path.name != "comm.py" and ("from mpi4py" in path.read_text()
+                                                or "import mpi4py" in path.read_text())]
+    assert offenders == []
