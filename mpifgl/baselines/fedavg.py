@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from mpifgl.graph import ClientGraph, build_operator
 from mpifgl.model import make_features
+from mpifgl.trainer import Trainer
 
 # -- aggregation: pure functions (tested with hand-computed values) ------------------------------
 
@@ -150,12 +151,7 @@ def fetch_features(comm: Any, graph: ClientGraph, wanted: np.ndarray) -> np.ndar
 
 # -- the trainers --------------------------------------------------------------------------------
 
-from mpifgl.trainer import Trainer  # noqa: E402  (after the pure functions, which need no trainer)
-
-
 class FedAvgTrainer(Trainer):
-    collect_neighbours = False
-
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)  # global split counts, model, Adam (one per rank)
         if self.global_split_counts["train"] == 0:
@@ -213,8 +209,6 @@ class FedAvgTrainer(Trainer):
 
 
 class FedAvgNCTrainer(FedAvgTrainer):
-    collect_neighbours = True
-
     def _build_local_graph(self) -> LocalGraph:
         """Collective: chosen neighbours' features come from their owners via the server."""
         chosen = np.zeros(0, np.int64)

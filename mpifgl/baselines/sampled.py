@@ -293,7 +293,7 @@ class GraphSAINTTrainer(_CentralizedPyGTrainer):
         self.loss_weight = torch.from_numpy(loss_weight).to(self.dtype)
         self.edge_norm = edge_norm
         self.subgraphs_per_pass = max(1, round(self.graph.num_nodes / mean_size))
-        degree = np.asarray(self.adjacency.sum(axis=1)).ravel() + 1.0
+        degree = np.diff(self.adjacency.indptr).astype(np.float64) + 1.0  # d~, whole graph
         target = np.repeat(np.arange(self.graph.num_nodes), np.diff(self.adjacency.indptr))
         if self.config.backbone == "gcn":
             self.base_weight = 1.0 / np.sqrt(degree[target] * degree[self.adjacency.indices])
@@ -301,6 +301,10 @@ class GraphSAINTTrainer(_CentralizedPyGTrainer):
         else:
             self.base_weight = np.ones(self.adjacency.nnz)
             self.self_weight = None
+        # Evaluation: the whole graph (self loops included for gcn), no sampling weights.
+        edge_index, self.full_weight = self.with_self_loops(
+            np.arange(self.graph.num_nodes), csr_edge_index(self.adjacency), self.base_weight)
+        self.full_edge_index = torch.from_numpy(edge_index)
 
     def make_conv(self, in_dim: int, out_dim: int) -> nn.Module:
         from torch_geometric.nn import GCNConv, GraphConv
@@ -317,18 +321,7 @@ class GraphSAINTTrainer(_CentralizedPyGTrainer):
         return edge_index, torch.from_numpy(np.asarray(weight, np.float64)).to(self.dtype)
 
     def full_edge_weight(self) -> torch.Tensor:
-        if not hasattr(self, "_full_weight"):
-            nodes = np.arange(self.graph.num_nodes)
-            edge_index, self._full_weight = self.with_self_loops(
-                nodes, csr_edge_index(self.adjacency), self.base_weight)
-            self.full_edge_index = torch.from_numpy(edge_index)
-        return self._full_weight
-
-    @torch.no_grad()
-    def full_logits(self) -> torch.Tensor:
-        weight = self.full_edge_weight()  # sets full_edge_index (self loops included) first
-        self.model.eval()
-        return self.model(self.features, self.full_edge_index, weight)
+        return self.full_weight
 
     def train_step(self) -> float:
         """About one pass over the nodes: subgraphs_per_pass random-walk subgraphs."""
