@@ -24,7 +24,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from mpifgl.shards import ClientShard
+from mpifgl.shards import ClientShard, Manifest, load_client_shard, shard_filename
 
 # torch marks sparse CSR as beta; we only use CSR @ dense, which is stable.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
@@ -72,6 +72,15 @@ class ClientGraph:
         assert cross.shape == (n_i, int(offsets[-1]))
         return cls(i, sizes, shard.global_id, shard.x, shard.y, shard.train_mask, shard.val_mask,
                    shard.test_mask, shard.degree, inner.tocsr(), cross)
+
+    @classmethod
+    def for_rank(cls, shard_dir: str, manifest: Manifest, client_id: int) -> "ClientGraph":
+        """Client ``client_id``'s graph read from its shard, or the server's (client_id -1).
+        No checks against the manifest: mpifgl.train does those before calling the loaders."""
+        if client_id < 0:
+            return cls.empty(manifest.client_sizes(), manifest.num_features)
+        shard = load_client_shard(f"{shard_dir}/{shard_filename(client_id)}")
+        return cls.from_shard(shard, manifest.client_sizes())
 
     @classmethod
     def empty(cls, client_sizes: list[int], num_features: int) -> "ClientGraph":

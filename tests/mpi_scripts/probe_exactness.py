@@ -11,19 +11,14 @@ from mpifgl.comm import world
 from mpifgl.config import TrainConfig
 from mpifgl.graph import ClientGraph
 from mpifgl.model import flat_grads
-from mpifgl.shards import load_client_shard, read_manifest, shard_filename
+from mpifgl.shards import read_manifest
 from mpifgl.trainer import Trainer
 
 
 def main(shard_dir: str, out: str, layers: int) -> None:
     comm = world()
     manifest = read_manifest(shard_dir)
-    sizes = manifest.client_sizes()
-    if comm.is_server:
-        graph = ClientGraph.empty(sizes, manifest.num_features)
-    else:
-        graph = ClientGraph.from_shard(
-            load_client_shard(f"{shard_dir}/{shard_filename(comm.client_id)}"), sizes)
+    graph = ClientGraph.for_rank(shard_dir, manifest, comm.client_id)
     results = {}
     for backbone in ("gcn", "1gnn"):
         for dtype in ("float64", "float32"):

@@ -12,18 +12,13 @@ from mpifgl.baselines.fedavg import FedAvgNCTrainer
 from mpifgl.comm import world
 from mpifgl.config import TrainConfig
 from mpifgl.graph import ClientGraph
-from mpifgl.shards import load_client_shard, read_manifest, shard_filename
+from mpifgl.shards import read_manifest
 
 
 def main(shard_dir: str, out: str, fraction: float) -> None:
     comm = world()
     manifest = read_manifest(shard_dir)
-    sizes = manifest.client_sizes()
-    if comm.is_server:
-        graph = ClientGraph.empty(sizes, manifest.num_features)
-    else:
-        graph = ClientGraph.from_shard(
-            load_client_shard(f"{shard_dir}/{shard_filename(comm.client_id)}"), sizes)
+    graph = ClientGraph.for_rank(shard_dir, manifest, comm.client_id)
     config = TrainConfig(shards=shard_dir, algo="fedavg-nc", nc_fraction=fraction, hidden=8,
                          seed=4)
     trainer = FedAvgNCTrainer(config, comm, graph, manifest.num_classes, None)
