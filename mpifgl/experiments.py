@@ -151,6 +151,7 @@ class StudyConfig:
     lr_search: bool = False
     data_root: str | None = None
     timeout: float = 900.0  # per run
+    budget_minutes: float = 0.0  # > 0: launch no run that would end after this (0: no limit)
     retry_failed: bool = False
     dry_run: bool = False
 
@@ -475,8 +476,7 @@ class Study:
         self.shards_dir = self.root / "shards"
         self.unavailable: dict[str, str] = {}
         self.manifests: dict[str, dict] = {}
-        self.executed_seconds = 0.0
-        self.executed_estimate = 0.0
+        self.executed: dict[str, list[float]] = {}  # method -> [measured s, estimated s]
         self.start = time.perf_counter()
 
     # shards
@@ -509,18 +509,37 @@ class Study:
         remaining = sum(estimates.values())
         log.info("%s: %d runs, estimated %s of compute (cost model)", label, len(specs),
                  _hms(remaining))
-        for i, spec in enumerate(specs, 1):
+        pending = list(specs)
+        for i in range(1, len(specs) + 1):
+            # Cheapest next, by the cost model rescaled with every run measured so far (per
+            # method): an overrun of the budget then costs the few most expensive runs.
+            spec = min(pending, key=lambda s: estimates[s.key] * self.cost_scale(s.method))
+            pending.remove(spec)
             run_dir = self.runs_dir / spec.key
-            remaining -= estimates[spec.key]
             status = run_status(run_dir)
             method = METHODS[spec.method]
             if method.algo in self.unavailable:
                 outcomes[spec.key] = RunOutcome("unavailable", 0.0, self.unavailable[method.algo])
                 continue
+            if status == "done":  # calibrate the cost model with runs of earlier sessions
+                wall = (_read_json(run_dir / "driver.json") or {}).get("wall_seconds")
+                if wall:
+                    measured = self.executed.setdefault(spec.method, [0.0, 0.0])
+                    measured[0] += float(wall)
+                    measured[1] += estimates[spec.key]
             if status == "done" or (status == "failed" and not self.config.retry_failed):
                 outcomes[spec.key] = RunOutcome("skipped" if status == "done" else "failed",
                                                 message="already " + status)
                 log.info("run %d/%d %s: %s, skipped", i, len(specs), spec.key, "already " + status)
+                continue
+            elapsed = time.perf_counter() - self.start
+            expected = estimates[spec.key] * self.cost_scale(spec.method)
+            if (self.config.budget_minutes > 0 and not self.config.dry_run
+                    and elapsed + expected > self.config.budget_minutes * 60):
+                outcomes[spec.key] = RunOutcome("budget", 0.0, "not run: over the time budget")
+                log.info("run %d/%d %s: not run (would end after the %.0f-min budget: elapsed "
+                         "%s + ~%.0f s)", i, len(specs), spec.key, self.config.budget_minutes,
+                         _hms(elapsed), expected)
                 continue
             if self.config.dry_run:
                 log.info("run %d/%d %s (%d ranks, ~%.0f s)", i, len(specs), spec.key, spec.ranks,
@@ -537,6 +556,9 @@ class Study:
                 log.warning("run %d/%d %s: FAILED preparing shards: %s", i, len(specs),
                             spec.key, exc)
                 continue
+            if self.config.budget_minutes > 0:  # no run may outlive the budget
+                left = self.config.budget_minutes * 60 - (time.perf_counter() - self.start)
+                spec = replace(spec, timeout=max(1.0, min(spec.timeout, left)))
             log.info("run %d/%d %s (%d ranks) ...", i, len(specs), spec.key, spec.ranks)
             try:
                 outcome = execute(spec, shard_dir, run_dir)
@@ -545,15 +567,25 @@ class Study:
                     shutil.rmtree(run_dir, ignore_errors=True)  # never leave a half-done run
                 raise
             outcomes[spec.key] = outcome
-            self.executed_seconds += outcome.seconds
-            self.executed_estimate += estimates[spec.key]
-            scale = self.executed_seconds / max(1e-9, self.executed_estimate)
+            measured = self.executed.setdefault(spec.method, [0.0, 0.0])
+            measured[0] += outcome.seconds
+            measured[1] += estimates[spec.key]
             elapsed = time.perf_counter() - self.start
+            eta = sum(estimates[s.key] * self.cost_scale(s.method) for s in pending)
             result = (f"test F1 {_final_f1(run_dir):.4f}" if outcome.status == "done"
                       else f"FAILED: {outcome.message[:300]}")
             log.info("run %d/%d %s: %s in %.1f s | elapsed %s, ETA %s", i, len(specs), spec.key,
-                     result, outcome.seconds, _hms(elapsed), _hms(remaining * scale))
+                     result, outcome.seconds, _hms(elapsed), _hms(eta))
         return outcomes
+
+    def cost_scale(self, method: str) -> float:
+        """Measured / estimated seconds of the runs executed so far: of the same method when
+        one ran (GraphSAGE's mini-batches cost far more than the model expects), else of all."""
+        seconds, estimate = self.executed.get(method, (0.0, 0.0))
+        if estimate <= 0:
+            seconds = sum(v[0] for v in self.executed.values())
+            estimate = sum(v[1] for v in self.executed.values())
+        return seconds / estimate if estimate > 0 else 1.0
 
     def search_lrs(self) -> dict[str, float]:
         """Best-val lr per (dataset, method) on seed seeds[0]."""
@@ -583,7 +615,11 @@ class Study:
                           self.num_nodes)
         plan.lr_choice = lr_choice
         self.write_plan(plan, {})
-        outcomes = self.run_all([p.spec for p in plan.runs.values()], "study")
+        # Cheapest first (cost model): an overrun of the budget then costs the few most
+        # expensive runs (33-rank or large-dataset runs), not whole sections.
+        specs = sorted((p.spec for p in plan.runs.values()),
+                       key=lambda s: estimate_seconds(s, self.num_nodes(s.dataset)))
+        outcomes = self.run_all(specs, "study")
         self.write_plan(plan, outcomes)
         return plan
 
@@ -612,6 +648,13 @@ class Study:
         tmp = previous.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(payload, indent=2) + "\n")
         os.replace(tmp, previous)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _final_f1(run_dir: Path) -> float:
@@ -667,6 +710,10 @@ def parse_config(argv: list[str] | None) -> StudyConfig:
                         help="pick lr in {0.1, 0.01, 0.001} per dataset and method on seed "
                              "seeds[0] by best validation micro-F1")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per run (900)")
+    parser.add_argument("--budget-minutes", type=float, default=0.0,
+                        help="launch no run that the cost model (scaled by the runs measured so "
+                             "far) expects to end after this many minutes; such runs are "
+                             "reported as 'budget' and run on the next invocation")
     parser.add_argument("--retry-failed", action="store_true",
                         help="run again the runs recorded as failed")
     parser.add_argument("--dry-run", action="store_true",
@@ -676,7 +723,8 @@ def parse_config(argv: list[str] | None) -> StudyConfig:
     args = parser.parse_args(argv)
     values = {"datasets": args.datasets, "out": args.out, "only": args.only, "lr": args.lr,
               "lr_search": args.lr_search, "data_root": args.data_root,
-              "retry_failed": args.retry_failed, "dry_run": args.dry_run}
+              "retry_failed": args.retry_failed, "dry_run": args.dry_run,
+              "budget_minutes": args.budget_minutes}
     optional = {"seeds": args.seeds, "epochs": args.epochs, "figure_epochs": args.figure_epochs,
                 "figure_datasets": args.figure_datasets, "client_counts": args.clients,
                 "ablation_datasets": args.ablation_datasets, "timeout": args.timeout}

@@ -148,6 +148,8 @@ def collect_rows(root: Path, plan: dict[str, Any]) -> list[RunRow]:
                 row.message += ": " + tail[-1]
         elif algo in unavailable:
             row.status, row.message = "unavailable", unavailable[algo]
+        elif plan.get("outcomes", {}).get(entry["key"], {}).get("status") == "budget":
+            row.status, row.message = "budget", "not run: over the study's time budget"
         manifest = _read_json(root / "shards" / entry["shard_name"] / "manifest.json")
         if manifest:
             row.cross_edge_fraction = float(manifest.get("cross_edge_fraction", math.nan))
@@ -367,9 +369,10 @@ def table4(rows: list[RunRow], out: Path) -> list[str]:
             note = status_note(mine)
             cells = [f"{v:.4f}" if not math.isnan(v) else "-" for v in values[:3]] + \
                     [f"{v:.2f}" if not math.isnan(v) else "-" for v in values[3:]]
+            if note:
+                cells = [note.split(" (")[0]] + cells[1:]
             md.append(f"| {LABELS[method]} | {clients} | " + " | ".join(cells) +
-                      f" | {f'{paper[0]}, {paper[1]}' if paper else '-'} |" +
-                      (f" {note.split(' (')[0]}" if note else ""))
+                      f" | {f'{paper[0]}, {paper[1]}' if paper else '-'} |")
             lines.append([method, clients, *values])
     write_csv(out / "table4.csv", ["method", "clients", "epoch_seconds", "compute_seconds",
                                    "comm_seconds", "client_mb_per_epoch", "server_mb_per_epoch",
@@ -417,9 +420,10 @@ def figure5(rows: list[RunRow], out: Path, plt) -> list[str]:
     write_csv(out / "fig5.csv", ["dataset", "steps_per_epoch", "compute_seconds", "comm_seconds",
                                  "epoch_seconds", "test_f1"], lines)
     fig, ax = plt.subplots(figsize=(6, 4))
-    steps = [str(l[1]) for l in lines]
-    ax.bar(steps, [l[2] for l in lines], label="compute")
-    ax.bar(steps, [l[3] for l in lines], bottom=[l[2] for l in lines], label="communication")
+    x = np.arange(len(lines))
+    ax.bar(x, [l[2] for l in lines], label="compute")
+    ax.bar(x, [l[3] for l in lines], bottom=[l[2] for l in lines], label="communication")
+    ax.set_xticks(x, [str(l[1]) for l in lines])
     ax.set_xlabel("steps per epoch (sample size = nodes per epoch / steps)")
     ax.set_ylabel("training seconds per epoch")
     ax.legend()

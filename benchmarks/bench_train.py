@@ -1,0 +1,113 @@
+"""Training cost on amazon-computers with 8 clients: ours, ours-full and centralized.
+
+    . .venv/bin/activate
+    python benchmarks/bench_train.py [--epochs 6] [--work /tmp/mpifgl-bench] [--shards DIR]
+
+Prints, per method: seconds per epoch (training compute and communication apart, max over ranks,
+mean over the steady epochs 2..E-1) and the bytes each client moves per epoch, next to the
+paper's communication volume (appendix C): the forward pass moves m * n_S * L * d elements per
+step, the backward pass the same again, the weight-gradient sum m * L * d^2 more.
+
+Which counter is which: every client rank counts the bytes it passes to MPI (bytes_sent) and gets
+back (bytes_received); one exchange (``Communicator.sum_segments_to_owners``) has each client
+contribute its [n_S, d_l] buffer of terms to a Reduce at the server (bytes_sent += n_S * d_l * 4)
+and receive its own [n_S_i, d_l] segment of the sum by Scatterv. So the SUM over clients of
+bytes_sent for the exchanges is exactly the paper's m * n_S * d per layer and direction, with
+d_l the layer's output width (here 128, then 10 classes) instead of one d for every layer. The
+counters also hold the gradient sum (float64 values of every parameter) and the sample index
+allgather. Evaluation is switched off in the measured epochs (--eval-every larger than the run),
+so the figures are training only. Asserts nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from mpifgl.experiments import mpi_env, mpirun_path, prepare_shards_subprocess  # noqa: E402
+
+CLIENTS = 8
+HIDDEN = 128
+LAYERS = 2
+
+
+def run(method: str, shards: Path, out: Path, epochs: int, flags: list[str]) -> float:
+    command = [sys.executable, "-m", "mpifgl.train", "--shards", str(shards), "--out", str(out),
+               "--epochs", str(epochs), "--eval-every", str(10 * epochs), "--force", *flags]
+    if method != "centralized":
+        command = [mpirun_path(), "-n", str(CLIENTS + 1), *command]
+    start = time.perf_counter()
+    result = subprocess.run(command, env=mpi_env(), capture_output=True, text=True, timeout=1800,
+                            cwd=REPO)
+    if result.returncode != 0:
+        raise SystemExit(f"{method} failed ({result.returncode}): {result.stderr[-2000:]}")
+    return time.perf_counter() - start
+
+
+def steady(out: Path) -> list[dict]:
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return records[1:-1] if len(records) > 2 else records  # drop warm-up and evaluated epoch
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/mpifgl-bench"))
+    parser.add_argument("--shards", type=Path, default=None,
+                        help="existing amazon-computers 8-client shards (default: prepared)")
+    parser.add_argument("--data-root", default=None)
+    args = parser.parse_args()
+    shards = args.shards or args.work / "shards" / "amazon-computers-random-m8-s0"
+    if args.shards is None:
+        prepare_shards_subprocess("amazon-computers", CLIENTS, "random", args.data_root, shards)
+    manifest = json.loads((shards / "manifest.json").read_text())
+    n, classes = manifest["num_nodes"], manifest["num_classes"]
+    sample = round(n / 4)
+    print(f"amazon-computers: n = {n}, {classes} classes, {manifest['num_features']} features, "
+          f"{CLIENTS} clients, cross-client edges {100 * manifest['cross_edge_fraction']:.2f}%; "
+          f"{args.epochs} epochs, {os.cpu_count()} cores, load average "
+          f"{os.getloadavg()[0]:.1f} at start")
+    methods = {"ours": ["--algo", "ours", "--sample-size", str(sample)],
+               "ours-full": ["--algo", "ours", "--sampling", "none"],
+               "centralized": ["--algo", "centralized"]}
+    print(f"\n{'method':12s} {'wall s':>7s} {'epoch s':>8s} {'compute s':>9s} {'comm s':>7s} "
+          f"{'MB sent/client':>14s} {'MB recv/client':>14s} {'peak RSS/client MB':>18s}")
+    measured = {}
+    for method, flags in methods.items():
+        out = args.work / "runs" / method
+        wall = run(method, shards, out, args.epochs, flags)
+        records = steady(out)
+        mean = lambda key: sum(r[key] for r in records) / len(records)  # noqa: E731
+        sent = [sum(r["bytes_sent"][1:]) / max(1, len(r["bytes_sent"]) - 1) for r in records]
+        received = [sum(r["bytes_received"][1:]) / max(1, len(r["bytes_received"]) - 1)
+                    for r in records]
+        rss = max(max(r["peak_rss_mb"][1:] or r["peak_rss_mb"]) for r in records)
+        measured[method] = sum(sent) / len(sent)
+        print(f"{method:12s} {wall:7.1f} {mean('epoch_seconds'):8.3f} {mean('compute_seconds'):9.3f}"
+              f" {mean('comm_seconds'):7.3f} {sum(sent) / len(sent) / 2**20:14.2f} "
+              f"{sum(received) / len(received) / 2**20:14.2f} {rss:18.0f}")
+    print("\nbytes per training step against the paper's formula (4-byte elements):")
+    widths = [HIDDEN] * (LAYERS - 1) + [classes]
+    for method, n_s in (("ours", sample), ("ours-full", n)):
+        paper = CLIENTS * n_s * LAYERS * HIDDEN
+        ours_model = CLIENTS * n_s * sum(widths)
+        total = measured[method] * CLIENTS
+        print(f"  {method:10s} n_S = {n_s:6d}: paper forward m*n_S*L*d = {paper:,} elements "
+              f"({paper * 4 / 2**20:.1f} MB; x2 with backward = {2 * paper * 4 / 2**20:.1f} MB); "
+              f"with our widths d_l = {widths}: {ours_model:,} elements "
+              f"({ours_model * 4 / 2**20:.1f} MB, x2 = {2 * ours_model * 4 / 2**20:.1f} MB); "
+              f"measured sum of clients' bytes_sent = {total / 2**20:.1f} MB per epoch")
+    print("  (n_S for ours = draws s = n/4, an upper bound on the distinct sampled rows that "
+          "travel; measured also holds the float64 gradient sum and the index allgather)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
