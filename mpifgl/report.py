@@ -247,6 +247,14 @@ def table2(rows: list[RunRow], out: Path, datasets: list[str], methods: list[str
     return md
 
 
+
+def save_figure(fig, plt, out: Path, name: str, caption: str) -> list[str]:
+    """Write ``out/name.png`` and return the Markdown lines that show it."""
+    fig.tight_layout()
+    fig.savefig(out / f"{name}.png", dpi=110)
+    plt.close(fig)
+    return ["", f"![{caption}]({name}.png)"]
+
 def figure3(rows: list[RunRow], out: Path, plt) -> list[str]:
     runs = select(rows, "fig3")
     distributed = [r for r in runs if r.method != "centralized"]
@@ -292,10 +300,7 @@ def figure3(rows: list[RunRow], out: Path, plt) -> list[str]:
         ax.set_xlabel("clients (random partition)")
         ax.set_title(title)
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "fig3.png", dpi=110)
-    plt.close(fig)
-    return md + ["", "![Figure 3](fig3.png)"]
+    return md + save_figure(fig, plt, out, "fig3", "Figure 3")
 
 
 def figure4(rows: list[RunRow], root: Path, out: Path, plt) -> list[str]:
@@ -343,10 +348,7 @@ def figure4(rows: list[RunRow], root: Path, out: Path, plt) -> list[str]:
     axes[2].set_xlabel("training wall seconds")
     axes[2].set_title("convergence: test micro-F1 (%)")
     axes[2].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "fig4.png", dpi=110)
-    plt.close(fig)
-    return md + ["", "![Figure 4](fig4.png)"]
+    return md + save_figure(fig, plt, out, "fig4", "Figure 4")
 
 
 def table4(rows: list[RunRow], out: Path) -> list[str]:
@@ -427,10 +429,7 @@ def figure5(rows: list[RunRow], out: Path, plt) -> list[str]:
     ax.set_xlabel("steps per epoch (sample size = nodes per epoch / steps)")
     ax.set_ylabel("training seconds per epoch")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "fig5.png", dpi=110)
-    plt.close(fig)
-    return md + ["", "![Figure 5](fig5.png)"]
+    return md + save_figure(fig, plt, out, "fig5", "Figure 5")
 
 
 def figure6(rows: list[RunRow], root: Path, out: Path, plt) -> list[str]:
@@ -449,10 +448,7 @@ def figure6(rows: list[RunRow], root: Path, out: Path, plt) -> list[str]:
     ax.set_xlabel("training wall seconds")
     ax.set_ylabel("test micro-F1 (%)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "fig6.png", dpi=110)
-    plt.close(fig)
-    return md + ["", "![Figure 6](fig6.png)"]
+    return md + save_figure(fig, plt, out, "fig6", "Figure 6")
 
 
 # -- the report ---------------------------------------------------------------------------------
