@@ -136,10 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
     for f in fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         kind = hints[f.name]
+        help_text = f.metadata["help"].replace("%", "%%")  # argparse formats help with %
         if kind is bool:
-            parser.add_argument(flag, action="store_true", help=f.metadata["help"])
+            parser.add_argument(flag, action="store_true", help=help_text)
         else:
-            parser.add_argument(flag, type=kind, default=f.default, help=f.metadata["help"],
+            parser.add_argument(flag, type=kind, default=f.default, help=help_text,
                                 choices=f.metadata["choices"])
     return parser
 

@@ -34,6 +34,11 @@ def test_validation_names_flag_value_and_expectation(flag, value, message):
         TrainConfig(**{flag: value}).validate()
 
 
+def test_help_lists_every_flag():
+    text = build_parser().format_help()
+    assert "--sample-size" in text and "10%" in text and "--nc-fraction" in text
+
+
 def test_every_field_has_exactly_one_flag():
     parser = build_parser()
     flags = [a.option_strings[0] for a in parser._actions if a.option_strings[0] != "-h"]
