@@ -155,11 +155,6 @@ class Communicator:
         self.comm.Gatherv([rows, mpi_type], None, SERVER_RANK)
         return None
 
-    def broadcast_array(self, values: np.ndarray) -> np.ndarray:
-        values = np.ascontiguousarray(values)
-        self._timed(self.comm.Bcast, [values, _MPI_TYPES[values.dtype]], SERVER_RANK)
-        return values
-
     # -- set-up, checkpoints, errors (pickled, rare) --------------------------------------------
     def broadcast_object(self, value: Any) -> Any:
         return self.comm.bcast(value, root=SERVER_RANK)
@@ -174,9 +169,6 @@ class Communicator:
         """Every rank learns every rank's set-up error, so all of them stop together."""
         errors = self.comm.allgather(error)
         return [(rank, message) for rank, message in enumerate(errors) if message]
-
-    def barrier(self) -> None:
-        self.comm.Barrier()
 
     def wait_for_server(self, poll_seconds: float = 0.05) -> None:
         """A barrier that sleeps instead of spinning, so waiting clients leave the CPU to the

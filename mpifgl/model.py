@@ -81,9 +81,6 @@ class _SparseInputLinear(torch.autograd.Function):
         return torch.from_numpy(np.ascontiguousarray(grad_weight.T)).to(grad.dtype), None
 
 
-Features = "torch.Tensor | SparseFeatures"
-
-
 def linear(z, weight: torch.Tensor) -> torch.Tensor:
     """z W^T for a dense tensor or SparseFeatures (no bias)."""
     if isinstance(z, SparseFeatures):

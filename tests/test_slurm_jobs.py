@@ -57,6 +57,10 @@ ROOT_EXPORTS = (["+ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFI
 MPIRUN_EXPORTS = ["+ export PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe", *ROOT_EXPORTS]
 
 
+# What every script prints first: the venv, one thread per rank, the repository.
+PREAMBLE = [f"+ source {VENV}/bin/activate", "+ export OMP_NUM_THREADS=1", f"+ cd {REPO}"]
+
+
 # ---- dry runs: no SLURM needed -------------------------------------------------------------------
 def test_data_prep_dry_run_prints_exact_commands(tmp_path):
     proc = dry_run("data_prep.sbatch", DATASET="cora", NUM_CLIENTS="2", PARTITION="metis",
@@ -64,9 +68,7 @@ def test_data_prep_dry_run_prints_exact_commands(tmp_path):
                    FORCE="1")
     assert proc.returncode == 0, proc.stderr
     assert commands(proc.stdout) == [
-        f"+ source {VENV}/bin/activate",
-        "+ export OMP_NUM_THREADS=1",
-        f"+ cd {REPO}",
+        *PREAMBLE,
         f"+ {PY} -m data_prep --dataset cora --num-clients 2 --partition metis --seed 3 "
         f"--data-root {tmp_path} --out {tmp_path}/shards --force",
     ]
@@ -89,9 +91,7 @@ def test_train_dry_run_mpirun_with_prepare(tmp_path):
                    MPI_LAUNCHER="mpirun")
     assert proc.returncode == 0, proc.stderr
     assert commands(proc.stdout) == [
-        f"+ source {VENV}/bin/activate",
-        "+ export OMP_NUM_THREADS=1",
-        f"+ cd {REPO}",
+        *PREAMBLE,
         f"+ {PY} -m data_prep --dataset cora --num-clients 2 --partition random --seed 7 "
         f"--data-root {tmp_path} --out {shards}",
         *MPIRUN_EXPORTS,
@@ -120,9 +120,7 @@ def test_train_dry_run_srun_reads_clients_from_manifest(tmp_path):
         return
     assert proc.returncode == 0, proc.stderr
     assert commands(proc.stdout) == [
-        f"+ source {VENV}/bin/activate",
-        "+ export OMP_NUM_THREADS=1",
-        f"+ cd {REPO}",
+        *PREAMBLE,
         f"+ srun --mpi=pmix --kill-on-bad-exit=1 -n 5 {PY} -m mpifgl.train --shards {shards} "
         f"--out {REPO}/runs/shards-ours-s0 --algo ours --seed 0",
     ]
