@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from mpifgl.config import TrainConfig
 from mpifgl.graph import ClientGraph, LayerOperator, build_operator
 from mpifgl.model import GNN, flat_grads, make_features, select_rows, set_flat_grads
+from mpifgl.optim import Adam
 from mpifgl.runlog import CHECKPOINT_NAME, RunDirectory
 from mpifgl.sampling import (NodeSample, NodeSampler, client_sample_sizes, group_counts, make_distribution,
                              node_groups)
@@ -105,7 +106,7 @@ class Trainer:
         self.masks = {"train": graph.train_mask, "val": graph.val_mask, "test": graph.test_mask}
         self.model = GNN(config.backbone, graph.x.shape[1], config.hidden, num_classes,
                          config.layers, config.dropout, config.seed, self.dtype)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr,
+        self.optimizer = Adam(self.model.parameters(), lr=config.lr,
                                           weight_decay=config.weight_decay)
         # Independent, reproducible streams per rank for sampling and dropout.
         seeds = np.random.SeedSequence([config.seed, comm.rank]).generate_state(2)

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mpifgl.optim import Adam
 from mpifgl.model import dropout
 from mpifgl.trainer import Trainer
 
@@ -218,7 +219,7 @@ class _CentralizedPyGTrainer(Trainer):
                  [self.num_classes]
         self.model = PyGStack(self.make_conv, widths, self.config.dropout, self.config.seed,
                               self.dtype)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.config.lr,
+        self.optimizer = Adam(self.model.parameters(), lr=self.config.lr,
                                           weight_decay=self.config.weight_decay)
         self.full_edge_index = torch.from_numpy(csr_edge_index(self.adjacency))
 
