@@ -111,7 +111,7 @@ class Trainer:
         # Independent, reproducible streams per rank for sampling and dropout.
         seeds = np.random.SeedSequence([config.seed, comm.rank]).generate_state(2)
         self.sample_rng = np.random.default_rng(int(seeds[0]))
-        self.dropout_rng = torch.Generator().manual_seed(int(seeds[1]))
+        self.dropout_rng = np.random.default_rng(int(seeds[1]))
         self.exchange = comm.exchange if self.distributed else None
         self.state = TrainerState()
         self._setup_counts_and_sampler()
@@ -279,7 +279,7 @@ class Trainer:
     # -- checkpoints ----------------------------------------------------------------------------
     def _rng_state(self) -> dict[str, Any]:
         return {"sample": self.sample_rng.bit_generator.state,
-                "dropout": self.dropout_rng.get_state()}
+                "dropout": self.dropout_rng.bit_generator.state}
 
     def _rank_state(self) -> dict[str, Any]:
         """What each rank contributes to a checkpoint (a subclass may add per-rank state)."""
@@ -287,7 +287,7 @@ class Trainer:
 
     def _restore_rank_state(self, state: dict[str, Any]) -> None:
         self.sample_rng.bit_generator.state = state["sample"]
-        self.dropout_rng.set_state(state["dropout"])
+        self.dropout_rng.bit_generator.state = state["dropout"]
 
     def save_checkpoint(self) -> None:
         states = self.comm.gather_objects(self._rank_state())

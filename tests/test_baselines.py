@@ -111,7 +111,12 @@ def test_graphsage_sampler_respects_fanouts(toy_graph):
     sampler = NeighbourSampler(adjacency, fanouts, rng)
     for _ in range(20):
         seeds = rng.choice(toy_graph.num_nodes, 10, replace=False)
-        nodes, edge_index = sampler.sample(seeds)
+        batch = sampler.sample(seeds)
+        nodes, edge_index = batch.nodes, batch.edge_index
+        assert batch.node_counts[0] == 10 and batch.node_counts[-1] == nodes.shape[0]
+        assert batch.edge_counts[-1] == edge_index.shape[1]
+        hop1 = edge_index[:, :batch.edge_counts[1]]
+        assert np.all(hop1[1] < 10), "hop-1 edges must end at the seeds"
         assert np.array_equal(nodes[:10], seeds) and len(set(nodes.tolist())) == nodes.shape[0]
         source, target = nodes[edge_index[0]], nodes[edge_index[1]]
         assert np.all(adjacency[source, target] == 1), "a sampled edge is not in the graph"
@@ -121,6 +126,31 @@ def test_graphsage_sampler_respects_fanouts(toy_graph):
         degree = np.diff(adjacency.indptr)[seeds]
         assert np.array_equal(incoming[:10], np.minimum(degree, fanouts[0]))
         assert not (sampler._position >= 0).any(), "scratch positions not reset"
+
+
+def test_trimmed_graphsage_batch_equals_the_untrimmed_pyg_stack(toy_graph):
+    """Each layer computes only the nodes the next one needs (sparse adjacency per layer); the
+    seeds' logits and every weight gradient equal PyG's SAGEConv stack run on the whole sampled
+    subgraph with a plain edge_index."""
+    from torch_geometric.nn import SAGEConv
+    from mpifgl.baselines.sampled import PyGStack
+    adjacency = toy_graph.adj.tocsr()
+    sampler = NeighbourSampler(adjacency, [4, 3, 2], np.random.default_rng(3))
+    batch = sampler.sample(np.random.default_rng(4).choice(toy_graph.num_nodes, 7, replace=False))
+    x = torch.from_numpy(np.asarray(toy_graph.x, np.float64))[torch.from_numpy(batch.nodes)]
+    model = PyGStack(lambda i, o: SAGEConv(i, o), [x.shape[1], 6, 5, 3], 0.0, 0, torch.float64)
+    trimmed = model(x, batch.layer_adjacencies(torch.float64))
+    assert trimmed.shape[0] == 7
+    z, edge_index = x, torch.from_numpy(batch.edge_index)
+    for k, layer in enumerate(model.layers):
+        z = layer(z, edge_index)
+        z = torch.relu(z) if k < 2 else z
+    full = z[:7]
+    assert (trimmed - full).abs().max().item() < 1e-12
+    grads = [torch.autograd.grad(out.square().sum(), list(model.parameters()))
+             for out in (trimmed, full)]
+    for a, b in zip(*grads):
+        assert (a - b).abs().max().item() < 1e-12
 
 
 def test_graphsaint_normalisation_is_unbiased(toy_graph):

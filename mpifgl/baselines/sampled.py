@@ -19,6 +19,7 @@ sampled nodes (round(n / mean subgraph size), the rule behind PyG's example's ``
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -27,8 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpifgl.optim import Adam
+from mpifgl.graph import torch_csr
 from mpifgl.model import dropout
+from mpifgl.optim import Adam
 from mpifgl.trainer import Trainer
 
 # GraphSAINT pre-sampling: draw subgraphs until every node was sampled this many times on
@@ -72,14 +74,15 @@ class NeighbourSampler:
         self.rng = rng
         self._position = np.full(adjacency.shape[0], -1, dtype=np.int64)  # reset after each use
 
-    def sample(self, seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """seeds: distinct node ids. Returns (nodes [k] with nodes[:len(seeds)] = seeds,
-        edge_index [2, e] in positions of ``nodes``: row 0 the neighbour, row 1 the node)."""
+    def sample(self, seeds: np.ndarray) -> "NeighbourSample":
+        """seeds: distinct node ids. Nodes come seeds first, then by the hop that reached them;
+        edges in positions of ``nodes`` (row 0 the neighbour, row 1 the node), hop by hop."""
         seeds = np.asarray(seeds, dtype=np.int64)
         nodes, frontier = [seeds], seeds
         self._position[seeds] = np.arange(seeds.shape[0])
         count = seeds.shape[0]
         sources, targets = [], []
+        node_counts, edge_counts = [count], [0]
         for fanout in self.fanouts:
             neighbour, node = sample_neighbours(self.indptr, self.indices, frontier, fanout,
                                                 self.rng)
@@ -90,10 +93,36 @@ class NeighbourSampler:
             sources.append(self._position[neighbour])
             targets.append(self._position[node])
             frontier = new
+            node_counts.append(count)
+            edge_counts.append(edge_counts[-1] + neighbour.shape[0])
         all_nodes = np.concatenate(nodes)
         self._position[all_nodes] = -1
         edge_index = np.vstack([np.concatenate(sources), np.concatenate(targets)]).astype(np.int64)
-        return all_nodes, edge_index
+        return NeighbourSample(all_nodes, edge_index, node_counts, edge_counts)
+
+
+@dataclass
+class NeighbourSample:
+    """One mini-batch of GraphSAGE. ``node_counts[h]``: nodes reached within h hops (h = 0:
+    the seeds); ``edge_counts[h]``: edges sampled in hops 1..h (prefixes of ``edge_index``)."""
+
+    nodes: np.ndarray
+    edge_index: np.ndarray
+    node_counts: list[int]
+    edge_counts: list[int]
+
+    def layer_adjacencies(self, dtype: torch.dtype) -> list[torch.Tensor]:
+        """Per layer, the sparse adjacency [targets, sources] it needs and no more (PyG's
+        ``trim_to_layer``): layer l of L computes only the nodes within L-1-l hops of the seeds,
+        from the edges of hops 1..L-l. The seeds' outputs are those of the untrimmed stack."""
+        hops = len(self.node_counts) - 1
+        adjacencies = []
+        for layer in range(hops):
+            keep = self.edge_counts[hops - layer]
+            adjacencies.append(torch_adjacency(self.edge_index[:, :keep], None,
+                                               self.node_counts[hops - 1 - layer],
+                                               self.node_counts[hops - layer], dtype))
+        return adjacencies
 
 
 class RandomWalkSampler:
@@ -185,17 +214,34 @@ class PyGStack(nn.Module):
         self.dropout_p = dropout_p
         self.to(dtype)
 
-    def forward(self, x: torch.Tensor, edge_index: torch.Tensor,
-                edge_weight: torch.Tensor | None = None,
-                generator: torch.Generator | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, adjacency: torch.Tensor | list[torch.Tensor],
+                rng: np.random.Generator | None = None) -> torch.Tensor:
+        """``adjacency``: one sparse [n, n] adjacency (targets x sources, edge weights as values)
+        for every layer, or one [n_dst, n_src] per layer (a trimmed mini-batch: each layer's
+        first n_dst input rows are its targets). A sparse adjacency makes PyG aggregate with one
+        sparse-dense product instead of materialising a [num_edges, width] message tensor."""
         z = x
         for k, layer in enumerate(self.layers):
-            if generator is not None and self.training:
-                z = dropout(z, self.dropout_p, generator)
-            z = layer(z, edge_index) if edge_weight is None else layer(z, edge_index, edge_weight)
+            if rng is not None and self.training:
+                z = dropout(z, self.dropout_p, rng)
+            if isinstance(adjacency, list):
+                z = layer((z, z[:adjacency[k].shape[0]]), adjacency[k])
+            else:
+                z = layer(z, adjacency)
             if k < len(self.layers) - 1:
                 z = torch.relu(z)
         return z
+
+
+def torch_adjacency(edge_index: np.ndarray, weight: np.ndarray | None, num_targets: int,
+                    num_sources: int, dtype: torch.dtype) -> torch.Tensor:
+    """PyG's ``adj_t`` as a torch sparse CSR tensor: entry [v, u] = weight of the message u -> v
+    (1 when ``weight`` is None). Edges must be distinct."""
+    values = np.ones(edge_index.shape[1]) if weight is None else np.asarray(weight, np.float64)
+    matrix = sp.csr_matrix((values, (edge_index[1], edge_index[0])),
+                           shape=(num_targets, num_sources))
+    matrix.sort_indices()
+    return torch_csr(matrix, dtype)
 
 
 def csr_edge_index(adjacency: sp.csr_matrix) -> np.ndarray:
@@ -220,20 +266,21 @@ class _CentralizedPyGTrainer(Trainer):
         self.model = PyGStack(self.make_conv, widths, self.config.dropout, self.config.seed,
                               self.dtype)
         self.optimizer = Adam(self.model.parameters(), lr=self.config.lr,
-                                          weight_decay=self.config.weight_decay)
-        self.full_edge_index = torch.from_numpy(csr_edge_index(self.adjacency))
+                              weight_decay=self.config.weight_decay)
+        n = self.graph.num_nodes
+        self.full_adjacency = torch_adjacency(csr_edge_index(self.adjacency), None, n, n,
+                                              self.dtype)
 
     def make_conv(self, in_dim: int, out_dim: int) -> nn.Module:
         raise NotImplementedError
 
-    def step(self, nodes: np.ndarray, edge_index: np.ndarray, edge_weight: torch.Tensor | None,
+    def step(self, nodes: np.ndarray, adjacency: torch.Tensor | list[torch.Tensor],
              out_rows: int, loss_weight: torch.Tensor | None) -> float:
         """One optimizer step on a sampled subgraph; loss over its first ``out_rows`` rows
         (GraphSAGE's seeds) or over its training nodes weighted by ``loss_weight``."""
         self.model.train()
         self.optimizer.zero_grad()
-        logits = self.model(self.features[torch.from_numpy(nodes)],
-                            torch.from_numpy(edge_index), edge_weight, self.dropout_rng)
+        logits = self.model(self.features[torch.from_numpy(nodes)], adjacency, self.dropout_rng)
         labels = self.y[torch.from_numpy(nodes)]
         if loss_weight is None:
             loss = F.cross_entropy(logits[:out_rows], labels[:out_rows])
@@ -248,10 +295,7 @@ class _CentralizedPyGTrainer(Trainer):
     @torch.no_grad()
     def full_logits(self) -> torch.Tensor:
         self.model.eval()
-        return self.model(self.features, self.full_edge_index, self.full_edge_weight())
-
-    def full_edge_weight(self) -> torch.Tensor | None:
-        return None
+        return self.model(self.features, self.full_adjacency)
 
 
 class GraphSAGETrainer(_CentralizedPyGTrainer):
@@ -273,8 +317,9 @@ class GraphSAGETrainer(_CentralizedPyGTrainer):
         losses = []
         for start in range(0, order.shape[0], self.config.batch_size):
             seeds = order[start:start + self.config.batch_size]
-            nodes, edge_index = self.neighbour_sampler.sample(seeds)
-            losses.append(self.step(nodes, edge_index, None, seeds.shape[0], None))
+            batch = self.neighbour_sampler.sample(seeds)
+            losses.append(self.step(batch.nodes, batch.layer_adjacencies(self.dtype),
+                                    seeds.shape[0], None))
         return float(np.mean(losses)) if losses else 0.0
 
 
@@ -303,9 +348,8 @@ class GraphSAINTTrainer(_CentralizedPyGTrainer):
             self.base_weight = np.ones(self.adjacency.nnz)
             self.self_weight = None
         # Evaluation: the whole graph (self loops included for gcn), no sampling weights.
-        edge_index, self.full_weight = self.with_self_loops(
+        self.full_adjacency = self.weighted_adjacency(
             np.arange(self.graph.num_nodes), csr_edge_index(self.adjacency), self.base_weight)
-        self.full_edge_index = torch.from_numpy(edge_index)
 
     def make_conv(self, in_dim: int, out_dim: int) -> nn.Module:
         from torch_geometric.nn import GCNConv, GraphConv
@@ -313,16 +357,14 @@ class GraphSAINTTrainer(_CentralizedPyGTrainer):
             return GCNConv(in_dim, out_dim, normalize=False, add_self_loops=False)
         return GraphConv(in_dim, out_dim, aggr="add")
 
-    def with_self_loops(self, nodes: np.ndarray, edge_index: np.ndarray, weight: np.ndarray
-                        ) -> tuple[np.ndarray, torch.Tensor]:
+    def weighted_adjacency(self, nodes: np.ndarray, edge_index: np.ndarray, weight: np.ndarray
+                           ) -> torch.Tensor:
+        """The subgraph's sparse adjacency with edge weights, self loops added for gcn."""
         if self.self_weight is not None:
             loops = np.arange(nodes.shape[0], dtype=np.int64)
             edge_index = np.hstack([edge_index, np.vstack([loops, loops])])
             weight = np.concatenate([weight, self.self_weight[nodes]])
-        return edge_index, torch.from_numpy(np.asarray(weight, np.float64)).to(self.dtype)
-
-    def full_edge_weight(self) -> torch.Tensor:
-        return self.full_weight
+        return torch_adjacency(edge_index, weight, nodes.shape[0], nodes.shape[0], self.dtype)
 
     def train_step(self) -> float:
         """About one pass over the nodes: subgraphs_per_pass random-walk subgraphs."""
@@ -330,7 +372,6 @@ class GraphSAINTTrainer(_CentralizedPyGTrainer):
         for _ in range(self.subgraphs_per_pass):
             nodes, edge_index, edge_ids = self.walk_sampler.sample()
             weight = self.base_weight[edge_ids] * self.edge_norm[edge_ids]
-            edge_index, edge_weight = self.with_self_loops(nodes, edge_index, weight)
-            losses.append(self.step(nodes, edge_index, edge_weight, 0,
+            losses.append(self.step(nodes, self.weighted_adjacency(nodes, edge_index, weight), 0,
                                     self.loss_weight[torch.from_numpy(nodes)]))
         return float(np.mean(losses))
