@@ -2,7 +2,8 @@
 
     python -m mpifgl.experiments --datasets cora,citeseer,amazon-computers,coauthor-cs \
         --out reports/study [--seeds 0,1,2] [--epochs N] [--quick] [--only table2,fig3,...] \
-        [--data-root DIR] [--lr-search] [--dry-run] [--retry-failed]
+        [--data-root DIR] [--lr-search] [--same-epochs] [--budget-minutes M] [--dry-run] \
+        [--retry-failed]
 
 What it does, in order:
  1. builds the plan (``build_plan``): a deduplicated list of ``RunSpec`` per report section;
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -128,18 +130,20 @@ class StudyConfig:
 
     datasets: tuple[str, ...]
     out: Path
-    # Defaults = the plan that fits 90 minutes on the shared 2-core VM (measured: starting 9
-    # ranks costs 20-100 s depending on load, an 8-client epoch 0.27 s on cora and 1.2 s on
-    # amazon-computers): one seed; pass --seeds 0,1,2 --clients 4,8,16,32 on a bigger machine.
+    # Defaults = the paper's protocol at the size that fits 90 minutes on the 2-core VM
+    # (measured: starting 9 ranks ~18 s, 33 ranks ~60 s; an 8-client epoch ~0.15 s on cora):
+    # one seed; pass --seeds 0,1,2 on a bigger machine.
     seeds: tuple[int, ...] = (0,)  # Table 2 / Table 5 seeds (mean and std when > 1)
-    epochs: int = 60  # Table 2 / 5 epochs; 200 (the paper's) does not fit 90 min here
-    dataset_epochs: tuple[tuple[str, int], ...] = (("amazon-computers", 40),
-                                                   ("coauthor-cs", 40))  # 4-6x costlier epochs
+    epochs: int = 200  # Table 2 / 5 epochs (the paper's)
+    dataset_epochs: tuple[tuple[str, int], ...] = ()  # per-dataset override of ``epochs``
+    # GraphSAGE and GraphSAINT take many mini-batch steps per epoch (ceil(n_train / 512) on
+    # amazon-computers = 17): they get the epochs that give them about as many optimizer steps
+    # as the full-batch methods take in ``epochs`` (see ``equal_step_epochs``).
+    equal_steps: bool = True
     figure_datasets: tuple[str, ...] = ("cora",)  # figures 3-6 and table 4: smallest graph
-    figure_seeds: tuple[int, ...] = (0,)  # one seed: 32 clients = 33 ranks on 2 cores
-    figure_epochs: int = 60  # cora at lr 0.01 is within ~1 point of its best by then
-    client_counts: tuple[int, ...] = (4, 8, 16)  # figure 3; the paper adds 32 (33 ranks: ~5 min
-    # start-up alone per run on 2 loaded cores)
+    figure_seeds: tuple[int, ...] = (0,)
+    figure_epochs: int = 200  # = epochs: the 8-client runs are shared with Table 2
+    client_counts: tuple[int, ...] = (4, 8, 16, 32)  # figure 3 (the paper's)
     main_clients: int = 8  # Table 2: the paper's 8 clients
     overhead_clients: tuple[int, ...] = (4, 8)  # table 4 (the paper's)
     ablation_datasets: tuple[str, ...] = ("cora",)  # table 5; empty: all --datasets
@@ -216,16 +220,41 @@ class Plan:
 
 KNOWN_NUM_NODES = {"cora": 2708, "citeseer": 3327, "amazon-computers": 13752,
                    "coauthor-cs": 18333}
+KNOWN_NUM_TRAIN = {"cora": 1208, "citeseer": 1827, "amazon-computers": 8252,
+                   "coauthor-cs": 11000}  # for --dry-run before any shard exists
+
+
+# Mini-batch steps per epoch of the sampling baselines, from the trainer's defaults
+# (mpifgl.config.TrainConfig: --batch-size 512 seeds / walk roots, --walk-length 2).
+MINIBATCH_SIZE = 512
+WALK_NODES = MINIBATCH_SIZE * 3  # roots x (walk length + 1): GraphSAINT's subgraph, at most
+
+
+def equal_step_epochs(method: str, epochs: int, num_nodes: int, num_train: int) -> int:
+    """Epochs of ``method`` that make about ``epochs`` optimizer steps. GraphSAGE: one pass =
+    ceil(n_train / 512) steps; GraphSAINT: one pass = about n / (512 x 3) subgraphs (an upper
+    bound on a subgraph's size, so it takes a few more steps, never fewer). Others: one step per
+    epoch, ``epochs`` unchanged."""
+    if method == "graphsage":
+        per_epoch = max(1, math.ceil(num_train / MINIBATCH_SIZE))
+    elif method == "graphsaint":
+        per_epoch = max(1, round(num_nodes / WALK_NODES))
+    else:
+        return epochs
+    return max(1, math.ceil(epochs / per_epoch))
 
 
 def build_plan(config: StudyConfig, lr_of: Callable[[str, str], float],
-               num_nodes: Callable[[str], int]) -> Plan:
+               num_nodes: Callable[[str], int],
+               num_train: Callable[[str], int] | None = None) -> Plan:
     """All runs of the selected sections, deduplicated by key (a run shared by two sections,
     e.g. ours at 8 clients in Table 2 and Figure 3, runs once)."""
     plan = Plan()
 
     def spec(dataset: str, method: str, clients: int, seed: int, epochs: int,
              partition: str = "random", **extra) -> RunSpec:
+        if config.equal_steps and num_train is not None:
+            epochs = equal_step_epochs(method, epochs, num_nodes(dataset), num_train(dataset))
         return RunSpec(dataset, method, clients, partition, seed, epochs, lr_of(dataset, method),
                        timeout=config.timeout, **extra)
 
@@ -289,23 +318,29 @@ def build_plan(config: StudyConfig, lr_of: Callable[[str, str], float],
     return plan
 
 
-def lr_search_plan(config: StudyConfig) -> list[RunSpec]:
+def lr_search_plan(config: StudyConfig, num_nodes: Callable[[str], int] | None = None,
+                   num_train: Callable[[str], int] | None = None) -> list[RunSpec]:
     """Seed seeds[0] of every Table 2 (and ablation) method at every lr of the grid."""
     methods = list(TABLE2_METHODS) if "table2" in config.only else []
     if "table5" in config.only:
         methods += [m for m in ABLATION_METHODS if m not in methods]
-    return [RunSpec(d, m, config.main_clients, "random", config.seeds[0], config.epochs_for(d), lr,
+
+    def epochs(dataset: str, method: str) -> int:
+        if config.equal_steps and num_nodes is not None and num_train is not None:
+            return equal_step_epochs(method, config.epochs_for(dataset), num_nodes(dataset),
+                                     num_train(dataset))
+        return config.epochs_for(dataset)
+    return [RunSpec(d, m, config.main_clients, "random", config.seeds[0], epochs(d, m), lr,
                     timeout=config.timeout)
             for d in config.datasets for m in methods for lr in LR_GRID]
 
 
 # -- cost model (for the plan's ETA before any run has finished) ---------------------------------
-# Measured on the 2-core VM while other engineers' tests ran (load 8-16), OMP_NUM_THREADS=1:
-# launch cost (mpirun + imports + shard loading, per rank) and seconds per epoch per 1,000 nodes
-# (train + full-graph evaluation): cora 8 clients 0.27 s, amazon-computers 8 clients 1.15 s,
-# centralized amazon-computers 0.44 s. On an idle machine expect about half.
-STARTUP_SECONDS = {"single": 8.0, "per_rank": 6.0}
-EPOCH_SECONDS_PER_KNODE = {"single": 0.03, "distributed": 0.09}
+# Measured on the idle 2-core VM, OMP_NUM_THREADS=1: launch cost (mpirun, importing torch in
+# every rank -- 2.3 s of CPU each -- and shard loading) and seconds per epoch per 1,000 nodes
+# (train + full-graph evaluation). The driver rescales it per method with every run measured.
+STARTUP_SECONDS = {"single": 5.0, "per_rank": 1.5}
+EPOCH_SECONDS_PER_KNODE = {"single": 0.02, "distributed": 0.05}
 
 
 def estimate_seconds(spec: RunSpec, num_nodes: int) -> float:
@@ -445,7 +480,7 @@ try:
 except (ValueError, OSError) as exc:
     print(json.dumps({"error": str(exc)}))
     sys.exit(1)
-print(json.dumps({"num_nodes": manifest["num_nodes"]}))
+print(json.dumps({"num_nodes": manifest["num_nodes"], "num_train": manifest["num_train"]}))
 """
 
 
@@ -489,18 +524,25 @@ class Study:
         return path
 
     def num_nodes(self, dataset: str) -> int:
+        return self._dataset_size(dataset, "num_nodes", KNOWN_NUM_NODES, 10000)
+
+    def num_train(self, dataset: str) -> int:
+        return self._dataset_size(dataset, "num_train", KNOWN_NUM_TRAIN, 5000)
+
+    def _dataset_size(self, dataset: str, key: str, known: dict[str, int], fallback: int) -> int:
+        """``key`` of the dataset's main shards' manifest (preparing them if needed)."""
         manifest = self.shards_dir / f"{dataset}-random-m{self.config.main_clients}-s0" / \
             "manifest.json"
         if manifest.is_file():
-            return int(json.loads(manifest.read_text())["num_nodes"])
-        if self.config.dry_run and dataset in KNOWN_NUM_NODES:
-            return KNOWN_NUM_NODES[dataset]
+            return int(json.loads(manifest.read_text())[key])
+        if self.config.dry_run and dataset in known:
+            return known[dataset]
         spec = RunSpec(dataset, "centralized", self.config.main_clients, "random", 0, 1, 0.01)
         try:
             self.shard_dir(spec)
         except ValueError:
-            return KNOWN_NUM_NODES.get(dataset, 10000)  # the runs will record the failure
-        return int(self.manifests[spec.shard_name]["num_nodes"])
+            return known.get(dataset, fallback)  # the runs will record the failure
+        return int(self.manifests[spec.shard_name][key])
 
     # one batch of runs
     def run_all(self, specs: list[RunSpec], label: str) -> dict[str, RunOutcome]:
@@ -589,7 +631,7 @@ class Study:
 
     def search_lrs(self) -> dict[str, float]:
         """Best-val lr per (dataset, method) on seed seeds[0]."""
-        specs = lr_search_plan(self.config)
+        specs = lr_search_plan(self.config, self.num_nodes, self.num_train)
         self.run_all(specs, "lr search")
         choice: dict[str, tuple[float, float]] = {}
         for spec in specs:
@@ -612,7 +654,7 @@ class Study:
                         algo, error)
         lr_choice = self.search_lrs() if config.lr_search and not config.dry_run else {}
         plan = build_plan(config, lambda d, m: lr_choice.get(f"{d}/{m}", config.lr),
-                          self.num_nodes)
+                          self.num_nodes, self.num_train)
         plan.lr_choice = lr_choice
         self.write_plan(plan, {})
         # Cheapest first (cost model): an overrun of the budget then costs the few most
@@ -689,17 +731,19 @@ def parse_config(argv: list[str] | None) -> StudyConfig:
     parser.add_argument("--seeds", type=_ints, default=None,
                         help="Table 2/5 seeds (default 0: the 90-minute plan; e.g. 0,1,2)")
     parser.add_argument("--epochs", type=int, default=None,
-                        help="epochs of Table 2/5 runs (default 60, 40 on amazon-computers "
-                             "and coauthor-cs; quick: 2)")
+                        help="epochs of Table 2/5 runs (default 200, the paper's; quick: 2)")
     parser.add_argument("--figure-epochs", type=int, default=None,
-                        help="epochs of the figure runs (default 60; quick: 2)")
+                        help="epochs of the figure runs (default 200; quick: 2)")
     parser.add_argument("--figure-datasets", type=_names, default=None,
                         help="datasets of figures 3-6 and table 4 (default: cora, else the "
                              "first of --datasets)")
     parser.add_argument("--ablation-datasets", type=_names, default=None,
                         help="datasets of table 5 (default: cora)")
     parser.add_argument("--clients", type=_ints, default=None,
-                        help="figure 3 client counts (default 4,8,16; the paper's 4,8,16,32)")
+                        help="figure 3 client counts (default 4,8,16,32, the paper's)")
+    parser.add_argument("--same-epochs", action="store_true",
+                        help="run GraphSAGE and GraphSAINT for --epochs epochs too (default: "
+                             "the epochs that give them about --epochs optimizer steps)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke test: 1 seed, 2 epochs, 2-3 clients")
     parser.add_argument("--only", type=_names, default=SECTIONS,
@@ -724,7 +768,7 @@ def parse_config(argv: list[str] | None) -> StudyConfig:
     values = {"datasets": args.datasets, "out": args.out, "only": args.only, "lr": args.lr,
               "lr_search": args.lr_search, "data_root": args.data_root,
               "retry_failed": args.retry_failed, "dry_run": args.dry_run,
-              "budget_minutes": args.budget_minutes}
+              "budget_minutes": args.budget_minutes, "equal_steps": not args.same_epochs}
     optional = {"seeds": args.seeds, "epochs": args.epochs, "figure_epochs": args.figure_epochs,
                 "figure_datasets": args.figure_datasets, "client_counts": args.clients,
                 "ablation_datasets": args.ablation_datasets, "timeout": args.timeout}

@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpifgl.experiments import (RunSpec, StudyConfig, build_plan, estimate_seconds,
-                                parse_config, run_status, train_command)
+from mpifgl.experiments import (RunSpec, StudyConfig, build_plan, equal_step_epochs,
+                                estimate_seconds, lr_search_plan, parse_config, run_status,
+                                train_command)
 from mpifgl.report import collect_rows, summarize_metrics, write_report
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,6 +45,27 @@ def test_plan_deduplicates_and_attaches_references():
     assert not any(k.startswith("citeseer/random-m32") for k in keys)  # figures: cora only
     fig5 = [p.spec for p in plan.runs.values() if "fig5" in p.sections]
     assert [s.flags for s in fig5][1] == ("--steps-per-epoch", "2", "--sample-size", "500")
+
+
+def test_minibatch_baselines_get_about_as_many_steps_as_full_batch_methods():
+    # amazon-computers: 8,252 training nodes -> 17 GraphSAGE steps per epoch; 13,752 nodes ->
+    # about 9 GraphSAINT subgraphs of at most 512 x 3 nodes per epoch.
+    assert equal_step_epochs("graphsage", 200, 13752, 8252) == 12  # 12 x 17 = 204 steps
+    assert equal_step_epochs("graphsaint", 200, 13752, 8252) == 23  # 23 x 9 = 207 steps
+    assert equal_step_epochs("ours", 200, 13752, 8252) == 200
+    assert equal_step_epochs("graphsage", 200, 100, 40) == 200  # one batch per epoch
+    config = StudyConfig(out=Path("/tmp/x"), datasets=("amazon-computers",), only=("table2",),
+                         epochs=200)
+    sizes = (lambda d: 13752), (lambda d: 8252)
+    plan = build_plan(config, lambda d, m: 0.01, *sizes)
+    epochs = {p.spec.method: p.spec.epochs for p in plan.runs.values()}
+    assert epochs["graphsage"] == 12 and epochs["graphsaint"] == 23 and epochs["fedavg"] == 200
+    search = {(s.method, s.epochs) for s in lr_search_plan(config, *sizes)}
+    assert ("graphsage", 12) in search and ("ours", 200) in search
+    unequal = build_plan(StudyConfig(out=Path("/tmp/x"), datasets=("amazon-computers",),
+                                     only=("table2",), epochs=200, equal_steps=False),
+                         lambda d, m: 0.01, *sizes)
+    assert {p.spec.epochs for p in unequal.runs.values()} == {200}
 
 
 def test_plan_only_and_quick():
