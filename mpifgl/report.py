@@ -460,11 +460,17 @@ def plan_section(plan: dict[str, Any], rows: list[RunRow]) -> list[str]:
     sessions = plan.get("sessions", [])
     wall = sum(s.get("wall_seconds", 0.0) for s in sessions)
     run_seconds = sum(r.wall_seconds for r in rows if not math.isnan(r.wall_seconds))
+    minibatch = sorted({f"{r.method} {r.dataset} {r.epochs}" for r in rows
+                        if r.method in ("graphsage", "graphsaint")})
     lines = [
         f"- datasets: {', '.join(config.get('datasets', []))}; seeds {config.get('seeds')}; "
         f"Table 2/5 epochs {config.get('epochs')}; lr "
         + ("searched in {0.1, 0.01, 0.001} on seed 0 by best val" if config.get("lr_search")
            else f"fixed at {config.get('lr')}") + ".",
+        ("- GraphSAGE / GraphSAINT epochs chosen for about as many optimizer steps as the "
+         "others (mini-batch steps per epoch): " + ", ".join(minibatch) + "."
+         if config.get("equal_steps", False) and minibatch else
+         "- GraphSAGE / GraphSAINT run the same epochs as the others."),
         f"- figures 3-6 and table 4 on {', '.join(config.get('figure_datasets', []))} with seeds "
         f"{config.get('figure_seeds')}, {config.get('figure_epochs')} epochs; figure 3 clients "
         f"{config.get('client_counts')}; table 4 clients {config.get('overhead_clients')}; "
