@@ -1,8 +1,10 @@
 """Training cost on amazon-computers with 8 clients: ours, ours-full and centralized.
 
     . .venv/bin/activate
-    python benchmarks/bench_train.py [--epochs 6] [--work /tmp/mpifgl-bench] [--shards DIR]
+    python benchmarks/bench_train.py [--epochs 20] [--work /tmp/mpifgl-bench] [--shards DIR]
 
+Methods: ours (label-guided sampling, s = n/4 draws), ours-star (the same with --exchange star:
+terms gathered at the server instead of MPI_Reduce), ours-full (no sampling), centralized.
 Prints, per method: seconds per epoch (training compute and communication apart, max over ranks,
 mean over the steady epochs 2..E-1) and the bytes each client moves per epoch, next to the
 paper's communication volume (appendix C): the forward pass moves m * n_S * L * d elements per
@@ -58,7 +60,7 @@ def steady(out: Path) -> list[dict]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--work", type=Path, default=Path("/tmp/mpifgl-bench"))
     parser.add_argument("--shards", type=Path, default=None,
                         help="existing amazon-computers 8-client shards (default: prepared)")
@@ -75,6 +77,7 @@ def main() -> int:
           f"{args.epochs} epochs, {os.cpu_count()} cores, load average "
           f"{os.getloadavg()[0]:.1f} at start")
     methods = {"ours": ["--algo", "ours", "--sample-size", str(sample)],
+               "ours-star": ["--algo", "ours", "--sample-size", str(sample), "--exchange", "star"],
                "ours-full": ["--algo", "ours", "--sampling", "none"],
                "centralized": ["--algo", "centralized"]}
     print(f"\n{'method':12s} {'wall s':>7s} {'epoch s':>8s} {'compute s':>9s} {'comm s':>7s} "

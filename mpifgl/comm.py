@@ -58,10 +58,17 @@ class Communicator:
             self.seconds += time.perf_counter() - start
 
     # -- the cross-client term exchange (forward and backward) --------------------------------
-    def sum_segments_to_owners(self, send: np.ndarray, segment_rows: np.ndarray) -> np.ndarray:
-        """Reduce every rank's [n_S, d] buffer to the server, which scatters segment j (the
+    def sum_segments_to_owners(self, send: np.ndarray, segment_rows: np.ndarray,
+                               star: bool = False) -> np.ndarray:
+        """Sum every rank's [n_S, d] buffer at the server, which scatters segment j (the
         ``segment_rows[j]`` rows addressed to client j) to rank j + 1. Returns this rank's
-        segment ([0, d] on the server)."""
+        segment ([0, d] on the server).
+
+        reduce (default): MPI_Reduce, which may add partial sums on other client ranks (a tree):
+        fine on a trusted cluster. star: every client's buffer goes to the server alone (Gather)
+        and is summed there in client order: the paper's privacy model, at the cost of the server
+        receiving m buffers. Both scatter the sums with Scatterv; the traffic counted per client
+        is the same."""
         send = np.ascontiguousarray(send)
         width = send.shape[1] if send.ndim == 2 else 0
         mpi_type = _MPI_TYPES[send.dtype]
@@ -70,21 +77,37 @@ class Communicator:
         own = int(counts[self.rank])
         received = np.empty((own // width if width else 0, width), dtype=send.dtype)
         if self.is_server:
-            self._timed(self.comm.Reduce, MPI.IN_PLACE, [send, mpi_type], MPI.SUM, SERVER_RANK)
+            if star:
+                gathered = np.empty((self.size,) + send.shape, dtype=send.dtype)
+                self._timed(self.comm.Gather, [send, mpi_type], [gathered, mpi_type],
+                            SERVER_RANK)
+                send = np.ascontiguousarray(gathered[1:].sum(axis=0, dtype=send.dtype))
+            else:
+                self._timed(self.comm.Reduce, MPI.IN_PLACE, [send, mpi_type], MPI.SUM,
+                            SERVER_RANK)
             self._timed(self.comm.Scatterv, [send, (counts, displacements), mpi_type],
                         [received, mpi_type], SERVER_RANK)
             self.bytes_received += send.nbytes * (self.size - 1)
             self.bytes_sent += int(counts.sum()) * send.itemsize
         else:
-            self._timed(self.comm.Reduce, [send, mpi_type], None, MPI.SUM, SERVER_RANK)
+            if star:
+                self._timed(self.comm.Gather, [send, mpi_type], None, SERVER_RANK)
+            else:
+                self._timed(self.comm.Reduce, [send, mpi_type], None, MPI.SUM, SERVER_RANK)
             self._timed(self.comm.Scatterv, None, [received, mpi_type], SERVER_RANK)
             self.bytes_sent += send.nbytes
             self.bytes_received += received.nbytes
         return received
 
     def exchange(self, plan, send: torch.Tensor) -> torch.Tensor:
-        """Adapter for mpifgl.model: torch buffer in, torch segment out."""
+        """Adapter for mpifgl.model (reduce mode): torch buffer in, torch segment out."""
         received = self.sum_segments_to_owners(send.detach().numpy(), plan.segment_rows)
+        return torch.from_numpy(received)
+
+    def exchange_star(self, plan, send: torch.Tensor) -> torch.Tensor:
+        """The same in star mode (see ``sum_segments_to_owners``)."""
+        received = self.sum_segments_to_owners(send.detach().numpy(), plan.segment_rows,
+                                               star=True)
         return torch.from_numpy(received)
 
     # -- small sums and gathers ------------------------------------------------------------

@@ -50,6 +50,11 @@ class TrainConfig:
     sample_size: int = _opt(0, "draws s per step over all clients, split s_i = n_i s / n; "
                                "0: a quarter of the nodes")
     no_normalize: bool = _opt(False, "drop the 1/p(u) normalisation (the ablation ours*)")
+    exchange: str = _opt("reduce", "how the server sums the cross-client terms: reduce = "
+                                   "MPI_Reduce (may add partial sums on other client ranks); "
+                                   "star = each client's terms reach the server only (Gather, "
+                                   "summed there): the paper's privacy model",
+                         ("reduce", "star"))
     steps_per_epoch: int = _opt(1, "optimizer steps per epoch, each on a fresh sample (the "
                                    "paper's step length)")
     # Baselines (docs/algorithms.md)

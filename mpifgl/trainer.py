@@ -112,7 +112,9 @@ class Trainer:
         seeds = np.random.SeedSequence([config.seed, comm.rank]).generate_state(2)
         self.sample_rng = np.random.default_rng(int(seeds[0]))
         self.dropout_rng = np.random.default_rng(int(seeds[1]))
-        self.exchange = comm.exchange if self.distributed else None
+        self.exchange = None
+        if self.distributed:
+            self.exchange = comm.exchange_star if config.exchange == "star" else comm.exchange
         self.state = TrainerState()
         self._setup_counts_and_sampler()
         self.full_operator = build_operator(graph, config.backbone, None, None, self.dtype,

@@ -98,6 +98,25 @@ def test_distributed_equals_centralized_small_graph(toy_graph, tmp_path, num_cli
 
 
 @pytest.mark.mpi
+@pytest.mark.timeout(180)
+def test_star_exchange_equals_centralized_and_reduce(toy_graph, tmp_path):
+    """--exchange star (Gather at the server, summed there in client order) computes the same
+    model as the Reduce exchange and as centralized training."""
+    shard_dir = write_shards(toy_graph, random_parts(toy_graph.num_nodes, 3, seed=5),
+                             tmp_path / "shards")
+    outputs = {}
+    for mode in ("star", "reduce"):
+        outputs[mode] = tmp_path / f"{mode}.npz"
+        done = run_mpi(4, [PROBE, str(shard_dir), str(outputs[mode]), "2", mode], timeout=150)
+        assert done.returncode == 0, done.stderr[-3000:]
+    check_against_references(toy_graph, shard_dir, 2, outputs["star"])
+    star, reduce = np.load(outputs["star"]), np.load(outputs["reduce"])
+    for key in star.files:
+        tolerance = 1e-12 if "float64" in key else 1e-6
+        assert_close(star[key], reduce[key], tolerance, f"{key}: star vs reduce")
+
+
+@pytest.mark.mpi
 @pytest.mark.e2e
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("num_clients", [3])

@@ -1,7 +1,9 @@
 """Run under mpirun: one full-graph forward/backward (no dropout, no sampling) for every
 backbone x dtype; the server writes logits (global order), loss and summed gradients to NPZ.
 
-    mpirun -n M+1 python tests/mpi_scripts/probe_exactness.py SHARD_DIR OUT.npz LAYERS
+    mpirun -n M+1 python tests/mpi_scripts/probe_exactness.py SHARD_DIR OUT.npz LAYERS [EXCHANGE]
+
+EXCHANGE: reduce (default) or star, the server's way of summing the cross-client terms.
 """
 import sys
 
@@ -15,7 +17,7 @@ from mpifgl.shards import read_manifest
 from mpifgl.trainer import Trainer
 
 
-def main(shard_dir: str, out: str, layers: int) -> None:
+def main(shard_dir: str, out: str, layers: int, exchange: str) -> None:
     comm = world()
     manifest = read_manifest(shard_dir)
     graph = ClientGraph.for_rank(shard_dir, manifest, comm.client_id)
@@ -23,7 +25,8 @@ def main(shard_dir: str, out: str, layers: int) -> None:
     for backbone in ("gcn", "1gnn"):
         for dtype in ("float64", "float32"):
             config = TrainConfig(shards=shard_dir, backbone=backbone, dtype=dtype, dropout=0.0,
-                                 sampling="none", layers=layers, hidden=16, seed=3)
+                                 sampling="none", layers=layers, hidden=16, seed=3,
+                                 exchange=exchange)
             trainer = Trainer(config, comm, graph, manifest.num_classes, None)
             loss = trainer.loss_and_gradients(trainer.full_operator,
                                               trainer.global_split_counts["train"])
@@ -43,4 +46,5 @@ def main(shard_dir: str, out: str, layers: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]),
+         sys.argv[4] if len(sys.argv) > 4 else "reduce")
