@@ -46,7 +46,8 @@ class TrainConfig:
     epochs: int = _opt(200, "training epochs (paper: 200 on PubMed and Reddit)")
     # Sampling (paper section 2.2)
     sampling: str = _opt("label", "label = label-guided (ours); uniform = same estimator with "
-                                  "uniform Q; none = full graph every step (ours-full)", SAMPLINGS)
+                                  "uniform Q; none = full graph every step (ours-full; the "
+                                  "default of --algo centralized)", SAMPLINGS)
     sample_size: int = _opt(0, "draws s per step over all clients, split s_i = n_i s / n; "
                                "0: a quarter of the nodes")
     no_normalize: bool = _opt(False, "drop the 1/p(u) normalisation (the ablation ours*)")
@@ -162,6 +163,15 @@ def explicit_flags(argv: list[str] | None) -> set[str]:
         action.default = argparse.SUPPRESS
     namespace, _ = parser.parse_known_args(argv)
     return set(vars(namespace))
+
+
+def with_algorithm_defaults(config: TrainConfig, explicit: set[str]) -> TrainConfig:
+    """--algo centralized is the full-batch reference (the paper's centralized GCN): it trains on
+    the whole graph every step unless --sampling is given explicitly (then it is ``ours`` in one
+    process, useful to check the sampler without MPI)."""
+    if config.algo == "centralized" and "sampling" not in explicit:
+        return config.replace(sampling="none")
+    return config
 
 
 def resumed_config(saved: dict[str, Any], given: TrainConfig, explicit: set[str]) -> TrainConfig:

@@ -7,7 +7,8 @@ import sys
 import pytest
 import torch
 
-from mpifgl.config import TrainConfig, build_parser, explicit_flags, parse_config, resumed_config
+from mpifgl.config import (TrainConfig, build_parser, explicit_flags, parse_config, resumed_config,
+                           with_algorithm_defaults)
 from mpifgl.runlog import RunDirectory, atomic_write, check_run_dir_writable
 
 
@@ -53,6 +54,16 @@ def test_explicit_flags_and_resume_overrides():
     assert resumed.epochs == 20 and resumed.lr == 0.1 and resumed.out == "r"
     with pytest.raises(ValueError, match="--lr 0.5"):
         resumed_config(saved, parse_config(["--resume", "r", "--lr", "0.5"]), {"resume", "lr"})
+
+
+def test_centralized_is_full_batch_unless_sampling_is_asked_for():
+    """The centralized reference trains on the whole graph (the paper's centralized GCN); the
+    sampler's default (label) applies to ours only."""
+    for argv, expected in ((["--algo", "centralized"], "none"),
+                           (["--algo", "centralized", "--sampling", "label"], "label"),
+                           (["--algo", "ours"], "label"), ([], "label")):
+        config = with_algorithm_defaults(parse_config(argv), explicit_flags(argv))
+        assert config.sampling == expected, argv
 
 
 def test_atomic_write_keeps_the_previous_file_on_failure(tmp_path):
