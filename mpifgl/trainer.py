@@ -168,8 +168,9 @@ class Trainer:
         parameter's .grad on every rank and returns the global loss."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
-        logits = self.model(select_rows(self.x, operator.rows), operator, self.exchange,
-                            self.dropout_rng)
+        # The full-graph operator's rows are all nodes in order: no copy of the features.
+        x = self.x if operator is self.full_operator else select_rows(self.x, operator.rows)
+        logits = self.model(x, operator, self.exchange, self.dropout_rng)
         train = torch.from_numpy(self.masks["train"][operator.rows])
         loss = F.cross_entropy(logits[train], self.y[operator.rows][train], reduction="sum")
         loss = loss / max(1, global_train_rows)
