@@ -71,6 +71,9 @@ class TrainConfig:
     eval_every: int = _opt(1, "full-graph evaluation every this many epochs (the last epoch is "
                               "always evaluated)")
     seed: int = _opt(0, "seed for weights, sampling and dropout")
+    init_seed: int = _opt(-1, "seed of the initial weights only; -1: --seed (two runs with the "
+                              "same --init-seed and different --seed differ only in their "
+                              "sampling and dropout streams)")
     dtype: str = _opt("float32", "floating point type of features, weights and messages", DTYPES)
     feature_format: str = _opt("auto", "input features as dense or sparse matrices; auto: sparse "
                                        "when at most 10% of entries are non-zero",
@@ -86,7 +89,7 @@ class TrainConfig:
         def need(ok: bool, flag: str, value: Any, expected: str) -> None:
             if not ok:
                 raise ValueError(f"--{flag} is {value!r}, expected {expected}")
-        for name in ("algo", "backbone", "sampling", "dtype", "feature_format"):
+        for name in ("algo", "backbone", "sampling", "exchange", "dtype", "feature_format"):
             choices = _choices(name)
             need(getattr(self, name) in choices, name.replace("_", "-"), getattr(self, name),
                  f"one of {', '.join(choices)}")
@@ -100,6 +103,7 @@ class TrainConfig:
         need(self.steps_per_epoch >= 1, "steps-per-epoch", self.steps_per_epoch, "an integer >= 1")
         need(self.eval_every >= 1, "eval-every", self.eval_every, "an integer >= 1")
         need(self.seed >= 0, "seed", self.seed, "an integer >= 0")
+        need(self.init_seed >= -1, "init-seed", self.init_seed, "an integer >= 0, or -1")
         need(self.checkpoint_every >= 0, "checkpoint-every", self.checkpoint_every,
              "an integer >= 0")
         need(self.log_every >= 1, "log-every", self.log_every, "an integer >= 1")
@@ -114,6 +118,11 @@ class TrainConfig:
             fanouts = []
         need(bool(fanouts) and all(v >= 1 for v in fanouts), "fanouts", self.fanouts,
              "comma-separated integers >= 1, one per layer (e.g. 25,10)")
+
+    @property
+    def weight_seed(self) -> int:
+        """Seed of the initial weights: --init-seed, else --seed."""
+        return self.init_seed if self.init_seed >= 0 else self.seed
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -196,6 +196,8 @@ class PlannedRun:
     sections: list[str] = field(default_factory=list)
     reference: str | None = None  # key of the centralized run its local bias is measured against
     noise_reference: str | None = None  # key of a second centralized run (other seed)
+    # key of a centralized run with the reference's initial weights and other dropout streams
+    same_init_reference: str | None = None
 
 
 @dataclass
@@ -213,6 +215,7 @@ class Plan:
         return {"lr_choice": self.lr_choice,
                 "runs": [{"key": k, **p.spec.identity(), "sections": p.sections,
                           "reference": p.reference, "noise_reference": p.noise_reference,
+                          "same_init_reference": p.same_init_reference,
                           "distributed": p.spec.distributed, "ranks": p.spec.ranks,
                           "shard_name": p.spec.shard_name}
                          for k, p in self.runs.items()]}
@@ -259,16 +262,24 @@ def build_plan(config: StudyConfig, lr_of: Callable[[str, str], float],
                        timeout=config.timeout, **extra)
 
     def with_bias(run: PlannedRun, section: str, epochs: int) -> None:
-        """Attach the centralized reference (same seed) and a noise reference (other seed)."""
+        """Attach the centralized reference (same seed) and two noise references: another seed
+        (other initial weights and dropout), and another seed with the reference's initial
+        weights (--init-seed: dropout streams differ only). Every distributed run shares its
+        initial weights with its reference, so the second floor is the like-for-like one."""
         s = run.spec
         ref = plan.add(spec(s.dataset, "centralized", config.main_clients, s.seed, epochs),
                        section)
         noise_seed = s.seed + 1
         noise = plan.add(spec(s.dataset, "centralized", config.main_clients, noise_seed, epochs),
                          section)
+        same_init = plan.add(spec(s.dataset, "centralized", config.main_clients, noise_seed,
+                                  epochs, flags=("--init-seed", str(s.seed)),
+                                  tag=f"init{s.seed}"), section)
         run.reference, run.noise_reference = ref.spec.key, noise.spec.key
+        run.same_init_reference = same_init.spec.key
         if ref.noise_reference is None:
             ref.reference, ref.noise_reference = ref.spec.key, noise.spec.key
+            ref.same_init_reference = same_init.spec.key
 
     sections = set(config.only)
     if "table2" in sections:

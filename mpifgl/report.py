@@ -68,7 +68,8 @@ class RunRow:
     server_mb_per_epoch: float = math.nan
     client_peak_rss_mb: float = math.nan  # max over clients (process RSS, libraries included)
     local_bias: float = math.nan
-    noise_floor: float = math.nan
+    noise_floor: float = math.nan  # reference vs centralized with another seed
+    same_init_floor: float = math.nan  # reference vs centralized, same initial weights
     cross_edge_fraction: float = math.nan
 
 
@@ -182,6 +183,10 @@ def _attach_bias(row: RunRow, root: Path, entry: dict, manifest: dict | None,
         noise = logits(entry["noise_reference"])
         if noise is not None and noise.shape == ref.shape:
             row.noise_floor = mean_distance(noise, ref)
+    if entry.get("same_init_reference"):
+        noise = logits(entry["same_init_reference"])
+        if noise is not None and noise.shape == ref.shape:
+            row.same_init_floor = mean_distance(noise, ref)
 
 
 # -- aggregation --------------------------------------------------------------------------------
@@ -263,13 +268,15 @@ def figure3(rows: list[RunRow], out: Path, plt) -> list[str]:
     counts = sorted({r.num_clients for r in distributed})
     methods = [m for m in ("ours", "fedavg", "fedavg-nc") if any(r.method == m for r in runs)]
     lines, md = [], ["| clients | cross-client edges (paper) | " +
-                     " | ".join(f"{LABELS[m]} F1 / bias" for m in methods) + " | noise floor |",
+                     " | ".join(f"{LABELS[m]} F1 / bias" for m in methods) +
+                     " | noise floor: other seed / same init |",
                      "|" + "---|" * (3 + len(methods))]
     for m_clients in counts:
         at = [r for r in distributed if r.num_clients == m_clients]
         cross = next((r.cross_edge_fraction for r in at if not math.isnan(r.cross_edge_fraction)),
                      math.nan)
         noise = mean_std([r.noise_floor for r in at])[0]
+        same_init = mean_std([r.same_init_floor for r in at])[0]
         cells = []
         for method in methods:
             mine = [r for r in at if r.method == method]
@@ -277,12 +284,15 @@ def figure3(rows: list[RunRow], out: Path, plt) -> list[str]:
             bias = mean_std([r.local_bias for r in mine])
             cells.append(f"{fmt(*f1)} / {fmt(bias[0], scale=1, digits=3)}" if f1[2]
                          else status_note(mine).split(" (")[0])
-            lines.append([m_clients, cross, method, f1[0], f1[1], bias[0], bias[1], noise])
+            lines.append([m_clients, cross, method, f1[0], f1[1], bias[0], bias[1], noise,
+                          same_init])
         paper = PAPER_CROSS_EDGES.get(m_clients)
         md.append(f"| {m_clients} | {fmt(cross)}% ({paper if paper else '-'}%) | " +
-                  " | ".join(cells) + f" | {fmt(noise, scale=1, digits=3)} |")
+                  " | ".join(cells) + f" | {fmt(noise, scale=1, digits=3)} / "
+                  f"{fmt(same_init, scale=1, digits=3)} |")
     write_csv(out / "fig3.csv", ["clients", "cross_edge_fraction", "method", "f1_mean", "f1_std",
-                                 "bias_mean", "bias_std", "noise_floor"], lines)
+                                 "bias_mean", "bias_std", "noise_floor", "same_init_floor"],
+              lines)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for method in methods:
         xs = [c for c in counts if any(l[0] == c and l[2] == method and not math.isnan(l[3])
@@ -293,7 +303,12 @@ def figure3(rows: list[RunRow], out: Path, plt) -> list[str]:
         axes[1].plot(xs, bias, marker="o", label=LABELS[method])
     noise = [l[7] for l in lines if not math.isnan(l[7])]
     if noise:
-        axes[1].axhline(float(np.mean(noise)), color="gray", ls="--", label="noise floor")
+        axes[1].axhline(float(np.mean(noise)), color="gray", ls="--",
+                        label="noise floor (other seed)")
+    same_init = [l[8] for l in lines if not math.isnan(l[8])]
+    if same_init:
+        axes[1].axhline(float(np.mean(same_init)), color="gray", ls=":",
+                        label="noise floor (same initial weights)")
     for ax, title in zip(axes, ("test micro-F1 (%)", "local bias (mean L2 to centralized)")):
         ax.set_xscale("log", base=2)
         ax.set_xticks(counts, [str(c) for c in counts])
@@ -479,7 +494,9 @@ def plan_section(plan: dict[str, Any], rows: list[RunRow]) -> list[str]:
         f"- Table 2 / Figure 3 / Figure 4 / Table 4 use 8 clients unless stated, random "
         f"partition with partition seed 0; the training seed varies. Every run writes its "
         f"logits; local bias is measured against the centralized GCN with the same seed, the "
-        f"noise floor is centralized seed s vs seed s+1.",
+        f"noise floors are centralized seed s vs seed s+1 (other initial weights and dropout) "
+        f"and vs seed s+1 with --init-seed s (same initial weights as the reference and as "
+        f"every distributed run of seed s; dropout differs): the like-for-like floor.",
         f"- runs planned: {len(rows)} ({', '.join(f'{k}: {v}' for k, v in sorted(counts.items()))});"
         f" estimated by the cost model {plan.get('estimated_seconds', 0) / 60:.1f} min; "
         f"measured: {run_seconds / 60:.1f} min in training subprocesses, "

@@ -105,7 +105,7 @@ class Trainer:
         self.y = torch.from_numpy(np.asarray(graph.y, dtype=np.int64))
         self.masks = {"train": graph.train_mask, "val": graph.val_mask, "test": graph.test_mask}
         self.model = GNN(config.backbone, graph.x.shape[1], config.hidden, num_classes,
-                         config.layers, config.dropout, config.seed, self.dtype)
+                         config.layers, config.dropout, config.weight_seed, self.dtype)
         self.optimizer = Adam(self.model.parameters(), lr=config.lr,
                                           weight_decay=config.weight_decay)
         # Independent, reproducible streams per rank for sampling and dropout.

@@ -114,3 +114,16 @@ def test_only_comm_imports_mpi4py():
                  if path.name != "comm.py" and ("from mpi4py" in path.read_text()
                                                 or "import mpi4py" in path.read_text())]
     assert offenders == []
+
+
+def test_init_seed_fixes_only_the_initial_weights():
+    from mpifgl.model import GNN
+    same = TrainConfig(seed=0), TrainConfig(seed=1, init_seed=0)
+    other = TrainConfig(seed=1)
+    assert [c.weight_seed for c in (*same, other)] == [0, 0, 1]
+    models = [GNN("gcn", 5, 4, 3, 2, 0.2, c.weight_seed) for c in (*same, other)]
+    first, second, third = (m.state_dict() for m in models)
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    assert not all(torch.equal(first[k], third[k]) for k in first)
+    with pytest.raises(ValueError, match="--init-seed is -2"):
+        TrainConfig(init_seed=-2).validate()

@@ -40,6 +40,9 @@ def test_plan_deduplicates_and_attaches_references():
     assert {"table2", "fig3", "fig4", "table4"} <= set(ours8.sections)
     assert ours8.reference == "cora/random-m8/centralized-lr0.01-e100-s0"
     assert ours8.noise_reference == "cora/random-m8/centralized-lr0.01-e100-s1"
+    same_init = plan.runs[ours8.same_init_reference].spec
+    assert ours8.same_init_reference == "cora/random-m8/centralized-init0-lr0.01-e100-s1"
+    assert same_init.flags == ("--init-seed", "0") and same_init.seed == 1
     assert "cora/random-m32/fedavg-nc-lr0.01-e100-s0" in plan.runs
     assert "cora/label-skew-m8/fedavg-lr0.01-e100-s0" in plan.runs
     assert not any(k.startswith("citeseer/random-m32") for k in keys)  # figures: cora only

@@ -263,7 +263,7 @@ class _CentralizedPyGTrainer(Trainer):
         self.train_ids = np.flatnonzero(self.graph.train_mask).astype(np.int64)
         widths = [self.graph.x.shape[1]] + [self.config.hidden] * (self.config.layers - 1) + \
                  [self.num_classes]
-        self.model = PyGStack(self.make_conv, widths, self.config.dropout, self.config.seed,
+        self.model = PyGStack(self.make_conv, widths, self.config.dropout, self.config.weight_seed,
                               self.dtype)
         self.optimizer = Adam(self.model.parameters(), lr=self.config.lr,
                               weight_decay=self.config.weight_decay)
