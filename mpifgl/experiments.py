@@ -138,8 +138,11 @@ class StudyConfig:
     dataset_epochs: tuple[tuple[str, int], ...] = ()  # per-dataset override of ``epochs``
     # GraphSAGE and GraphSAINT take many mini-batch steps per epoch (ceil(n_train / 512) on
     # amazon-computers = 17): they get the epochs that give them about as many optimizer steps
-    # as the full-batch methods take in ``epochs`` (see ``equal_step_epochs``).
+    # as the full-batch methods take in ``epochs`` (see ``equal_step_epochs``), but at least
+    # ``min_minibatch_epochs`` passes over the data: at 12 epochs (204 steps) GraphSAGE reached
+    # 77.8% on amazon-computers, at 40 epochs 91.9%.
     equal_steps: bool = True
+    min_minibatch_epochs: int = 40
     figure_datasets: tuple[str, ...] = ("cora",)  # figures 3-6 and table 4: smallest graph
     figure_seeds: tuple[int, ...] = (0,)
     figure_epochs: int = 200  # = epochs: the 8-client runs are shared with Table 2
@@ -233,18 +236,20 @@ MINIBATCH_SIZE = 512
 WALK_NODES = MINIBATCH_SIZE * 3  # roots x (walk length + 1): GraphSAINT's subgraph, at most
 
 
-def equal_step_epochs(method: str, epochs: int, num_nodes: int, num_train: int) -> int:
-    """Epochs of ``method`` that make about ``epochs`` optimizer steps. GraphSAGE: one pass =
-    ceil(n_train / 512) steps; GraphSAINT: one pass = about n / (512 x 3) subgraphs (an upper
-    bound on a subgraph's size, so it takes a few more steps, never fewer). Others: one step per
-    epoch, ``epochs`` unchanged."""
+def equal_step_epochs(method: str, epochs: int, num_nodes: int, num_train: int,
+                      min_epochs: int = 1) -> int:
+    """Epochs of ``method`` that make about ``epochs`` optimizer steps, but at least
+    ``min_epochs`` (and never more than ``epochs``). GraphSAGE: one pass = ceil(n_train / 512)
+    steps; GraphSAINT: one pass = about n / (512 x 3) subgraphs (an upper bound on a subgraph's
+    size, so it takes a few more steps, never fewer). Others: one step per epoch, ``epochs``
+    unchanged."""
     if method == "graphsage":
         per_epoch = max(1, math.ceil(num_train / MINIBATCH_SIZE))
     elif method == "graphsaint":
         per_epoch = max(1, round(num_nodes / WALK_NODES))
     else:
         return epochs
-    return max(1, math.ceil(epochs / per_epoch))
+    return min(epochs, max(1, min_epochs, math.ceil(epochs / per_epoch)))
 
 
 def build_plan(config: StudyConfig, lr_of: Callable[[str, str], float],
@@ -257,7 +262,8 @@ def build_plan(config: StudyConfig, lr_of: Callable[[str, str], float],
     def spec(dataset: str, method: str, clients: int, seed: int, epochs: int,
              partition: str = "random", **extra) -> RunSpec:
         if config.equal_steps and num_train is not None:
-            epochs = equal_step_epochs(method, epochs, num_nodes(dataset), num_train(dataset))
+            epochs = equal_step_epochs(method, epochs, num_nodes(dataset), num_train(dataset),
+                                       config.min_minibatch_epochs)
         return RunSpec(dataset, method, clients, partition, seed, epochs, lr_of(dataset, method),
                        timeout=config.timeout, **extra)
 
@@ -339,7 +345,7 @@ def lr_search_plan(config: StudyConfig, num_nodes: Callable[[str], int] | None =
     def epochs(dataset: str, method: str) -> int:
         if config.equal_steps and num_nodes is not None and num_train is not None:
             return equal_step_epochs(method, config.epochs_for(dataset), num_nodes(dataset),
-                                     num_train(dataset))
+                                     num_train(dataset), config.min_minibatch_epochs)
         return config.epochs_for(dataset)
     return [RunSpec(d, m, config.main_clients, "random", config.seeds[0], epochs(d, m), lr,
                     timeout=config.timeout)

@@ -57,14 +57,16 @@ def test_minibatch_baselines_get_about_as_many_steps_as_full_batch_methods():
     assert equal_step_epochs("graphsaint", 200, 13752, 8252) == 23  # 23 x 9 = 207 steps
     assert equal_step_epochs("ours", 200, 13752, 8252) == 200
     assert equal_step_epochs("graphsage", 200, 100, 40) == 200  # one batch per epoch
+    assert equal_step_epochs("graphsage", 200, 13752, 8252, min_epochs=40) == 40  # the floor
+    assert equal_step_epochs("graphsage", 2, 13752, 8252, min_epochs=40) == 2  # never > epochs
     config = StudyConfig(out=Path("/tmp/x"), datasets=("amazon-computers",), only=("table2",),
-                         epochs=200)
+                         epochs=200, min_minibatch_epochs=20)
     sizes = (lambda d: 13752), (lambda d: 8252)
     plan = build_plan(config, lambda d, m: 0.01, *sizes)
     epochs = {p.spec.method: p.spec.epochs for p in plan.runs.values()}
-    assert epochs["graphsage"] == 12 and epochs["graphsaint"] == 23 and epochs["fedavg"] == 200
+    assert epochs["graphsage"] == 20 and epochs["graphsaint"] == 23 and epochs["fedavg"] == 200
     search = {(s.method, s.epochs) for s in lr_search_plan(config, *sizes)}
-    assert ("graphsage", 12) in search and ("ours", 200) in search
+    assert ("graphsage", 20) in search and ("ours", 200) in search
     unequal = build_plan(StudyConfig(out=Path("/tmp/x"), datasets=("amazon-computers",),
                                      only=("table2",), epochs=200, equal_steps=False),
                          lambda d, m: 0.01, *sizes)

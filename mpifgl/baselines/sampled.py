@@ -10,7 +10,9 @@ Samplers are numpy: PyG's ``NeighborLoader`` and ``GraphSAINTRandomWalkSampler``
 torch-sparse, and neither is installable here (pyg-lib has no PyPI release; torch-sparse is a long
 source build against the pinned torch). ``torch_geometric.typing.WITH_PYG_LIB`` and
 ``WITH_TORCH_SPARSE`` are False in this environment. The sampled subgraph is fed to the PyG convs
-as an ``edge_index`` (source row 0, target row 1, PyG's flow), so only the sampling is ours.
+as a torch sparse adjacency (PyG's ``adj_t``: one sparse-dense product per layer instead of a
+[num_edges, width] message tensor, 3x faster here), so only the sampling is ours. GraphSAGE trims
+each layer to the nodes the next one needs, as PyG's ``trim_to_layer`` does.
 
 Epoch = roughly one pass over the data: GraphSAGE takes every training node once as a seed
 (shuffled, ceil(n_train / batch) steps); GraphSAINT takes as many subgraphs as make up about n
