@@ -428,7 +428,10 @@ def execute(spec: RunSpec, shard_dir: Path, run_dir: Path) -> RunOutcome:
     (run_dir / "command.txt").write_text(" ".join(command) + "\n")
     start = time.perf_counter()
     with open(run_dir / "stdout.log", "w") as out, open(run_dir / "stderr.log", "w") as err:
-        process = subprocess.Popen(command, stdout=out, stderr=err, env=mpi_env(),
+        env = mpi_env()
+        if not spec.distributed:  # one process: let torch use every core
+            env.pop("OMP_NUM_THREADS", None)
+        process = subprocess.Popen(command, stdout=out, stderr=err, env=env,
                                    start_new_session=True)
         try:
             returncode = process.wait(timeout=spec.timeout)
