@@ -161,7 +161,7 @@ class BiasReport:
         if self.noise_floor is not None:
             ratio = (self.local_bias / self.noise_floor if self.noise_floor > 0
                      else float("inf"))
-            lines.append(f"noise floor (two centralized runs, different seeds): "
+            lines.append(f"noise floor (reference vs --noise-reference, two centralized runs): "
                          f"{self.noise_floor:.4f}  -> bias / noise = {ratio:.2f}")
         for i, (value, size) in enumerate(zip(self.per_client, self.client_sizes)):
             lines.append(f"  client {i:3d} ({size:6d} nodes): {value:.4f}")

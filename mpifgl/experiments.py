@@ -565,8 +565,11 @@ class Study:
         return int(self.manifests[spec.shard_name][key])
 
     # one batch of runs
-    def run_all(self, specs: list[RunSpec], label: str) -> dict[str, RunOutcome]:
-        outcomes: dict[str, RunOutcome] = {}
+    def run_all(self, specs: list[RunSpec], label: str,
+                outcomes: dict[str, RunOutcome] | None = None) -> dict[str, RunOutcome]:
+        """Run ``specs``, recording each outcome in ``outcomes`` as it comes (so an interrupted
+        study still knows what it did)."""
+        outcomes = {} if outcomes is None else outcomes
         estimates = {s.key: estimate_seconds(s, self.num_nodes(s.dataset)) for s in specs}
         remaining = sum(estimates.values())
         log.info("%s: %d runs, estimated %s of compute (cost model)", label, len(specs),
@@ -681,8 +684,11 @@ class Study:
         # expensive runs (33-rank or large-dataset runs), not whole sections.
         specs = sorted((p.spec for p in plan.runs.values()),
                        key=lambda s: estimate_seconds(s, self.num_nodes(s.dataset)))
-        outcomes = self.run_all(specs, "study")
-        self.write_plan(plan, outcomes)
+        outcomes: dict[str, RunOutcome] = {}
+        try:
+            self.run_all(specs, "study", outcomes)
+        finally:  # interrupted sessions count in the study's measured wall time too
+            self.write_plan(plan, outcomes)
         return plan
 
     def write_plan(self, plan: Plan, outcomes: dict[str, RunOutcome]) -> None:
@@ -699,7 +705,7 @@ class Study:
                 history = json.loads(previous.read_text()).get("sessions", [])
             except ValueError:
                 history = []
-        if outcomes:
+        if outcomes or self.executed:
             history = history + [{"wall_seconds": time.perf_counter() - self.start,
                                   "executed": sum(o.status in ("done", "failed")
                                                   and o.message != "already failed"

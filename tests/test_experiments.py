@@ -215,6 +215,9 @@ def test_quick_study_interrupted_then_resumed(tmp_path):
     assert "removing the half-done run directory" in log
     assert "run 2/2" in log and "ETA" in log
     assert run_status(second) == "done"
+    sessions = json.loads((out / "plan.json").read_text())["sessions"]
+    assert len(sessions) == 2, "the interrupted session's wall time must be recorded too"
     report = (out / "report.md").read_text()
+    assert "over 2 session(s)" in report
     assert "## Figure 6" in report and (out / "fig6.png").is_file()
     assert (second / "logits.npy").is_file()
