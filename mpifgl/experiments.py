@@ -688,10 +688,11 @@ class Study:
         try:
             self.run_all(specs, "study", outcomes)
         finally:  # interrupted sessions count in the study's measured wall time too
-            self.write_plan(plan, outcomes)
+            self.write_plan(plan, outcomes, record_session=not config.dry_run)
         return plan
 
-    def write_plan(self, plan: Plan, outcomes: dict[str, RunOutcome]) -> None:
+    def write_plan(self, plan: Plan, outcomes: dict[str, RunOutcome],
+                   record_session: bool = False) -> None:
         payload = plan.to_json()
         payload["config"] = {k: (list(v) if isinstance(v, tuple) else str(v) if isinstance(
             v, Path) else v) for k, v in asdict(self.config).items()}
@@ -705,7 +706,7 @@ class Study:
                 history = json.loads(previous.read_text()).get("sessions", [])
             except ValueError:
                 history = []
-        if outcomes or self.executed:
+        if record_session:
             history = history + [{"wall_seconds": time.perf_counter() - self.start,
                                   "executed": sum(o.status in ("done", "failed")
                                                   and o.message != "already failed"
