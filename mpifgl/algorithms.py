@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -16,17 +17,27 @@ class Algorithm:
     distributed: bool
     trainer_path: str  # "module:Class", imported on use so unused baselines cost nothing
     summary: str
+    # Flag defaults of this algorithm that differ from TrainConfig's; an explicit flag wins.
+    defaults: tuple[tuple[str, Any], ...] = ()
 
     def trainer_class(self):
         module, _, name = self.trainer_path.partition(":")
         return getattr(importlib.import_module(module), name)
 
+    def with_defaults(self, config, explicit: set[str]):
+        """``config`` with this algorithm's defaults for the flags not given explicitly."""
+        changes = {name: value for name, value in self.defaults if name not in explicit}
+        return config.replace(**changes) if changes else config
+
 
 ALGORITHMS = {a.name: a for a in (
     Algorithm("ours", True, "mpifgl.trainer:Trainer",
               "distributed GNN with cross-client exchange and label-guided sampling"),
+    # The reference is full batch (the paper's centralized GCN); --sampling label|uniform makes
+    # it ``ours`` in one process, to check the sampler without MPI.
     Algorithm("centralized", False, "mpifgl.trainer:Trainer",
-              "the same model code on the whole graph in one process"),
+              "the same model code on the whole graph in one process, full batch",
+              defaults=(("sampling", "none"),)),
     Algorithm("bns", True, "mpifgl.baselines.bns:BNSTrainer",
               "BNS-GCN boundary-node sampling in the distributed model (Wan et al., MLSys 2022)"),
     Algorithm("fedavg", True, "mpifgl.baselines.fedavg:FedAvgTrainer",

@@ -99,15 +99,9 @@ class Communicator:
             self.bytes_received += received.nbytes
         return received
 
-    def exchange(self, plan, send: torch.Tensor) -> torch.Tensor:
-        """Adapter for mpifgl.model (reduce mode): torch buffer in, torch segment out."""
-        received = self.sum_segments_to_owners(send.detach().numpy(), plan.segment_rows)
-        return torch.from_numpy(received)
-
-    def exchange_star(self, plan, send: torch.Tensor) -> torch.Tensor:
-        """The same in star mode (see ``sum_segments_to_owners``)."""
-        received = self.sum_segments_to_owners(send.detach().numpy(), plan.segment_rows,
-                                               star=True)
+    def exchange(self, plan, send: torch.Tensor, star: bool = False) -> torch.Tensor:
+        """Adapter for mpifgl.model: torch buffer in, torch segment out."""
+        received = self.sum_segments_to_owners(send.detach().numpy(), plan.segment_rows, star)
         return torch.from_numpy(received)
 
     # -- small sums and gathers ------------------------------------------------------------

@@ -174,15 +174,6 @@ def explicit_flags(argv: list[str] | None) -> set[str]:
     return set(vars(namespace))
 
 
-def with_algorithm_defaults(config: TrainConfig, explicit: set[str]) -> TrainConfig:
-    """--algo centralized is the full-batch reference (the paper's centralized GCN): it trains on
-    the whole graph every step unless --sampling is given explicitly (then it is ``ours`` in one
-    process, useful to check the sampler without MPI)."""
-    if config.algo == "centralized" and "sampling" not in explicit:
-        return config.replace(sampling="none")
-    return config
-
-
 def resumed_config(saved: dict[str, Any], given: TrainConfig, explicit: set[str]) -> TrainConfig:
     """The saved config of the run being resumed, with the few flags a resume may change."""
     config = TrainConfig.from_dict(saved)

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from mpifgl.algorithms import get_algorithm
+from mpifgl.report import read_json, write_report
 
 log = logging.getLogger("mpifgl.experiments")
 SECTIONS = ("table2", "fig3", "fig4", "table4", "table5", "fig5", "fig6")
@@ -252,6 +253,17 @@ def equal_step_epochs(method: str, epochs: int, num_nodes: int, num_train: int,
     return min(epochs, max(1, min_epochs, math.ceil(epochs / per_epoch)))
 
 
+def method_epochs(config: StudyConfig, method: str, dataset: str, epochs: int,
+                  num_nodes: Callable[[str], int] | None,
+                  num_train: Callable[[str], int] | None) -> int:
+    """``epochs`` of a run of ``method``: the equal-steps rule for the mini-batch baselines
+    when the study applies it and the dataset's sizes are known."""
+    if not config.equal_steps or num_nodes is None or num_train is None:
+        return epochs
+    return equal_step_epochs(method, epochs, num_nodes(dataset), num_train(dataset),
+                             config.min_minibatch_epochs)
+
+
 def build_plan(config: StudyConfig, lr_of: Callable[[str, str], float],
                num_nodes: Callable[[str], int],
                num_train: Callable[[str], int] | None = None) -> Plan:
@@ -261,11 +273,9 @@ def build_plan(config: StudyConfig, lr_of: Callable[[str, str], float],
 
     def spec(dataset: str, method: str, clients: int, seed: int, epochs: int,
              partition: str = "random", **extra) -> RunSpec:
-        if config.equal_steps and num_train is not None:
-            epochs = equal_step_epochs(method, epochs, num_nodes(dataset), num_train(dataset),
-                                       config.min_minibatch_epochs)
-        return RunSpec(dataset, method, clients, partition, seed, epochs, lr_of(dataset, method),
-                       timeout=config.timeout, **extra)
+        return RunSpec(dataset, method, clients, partition, seed,
+                       method_epochs(config, method, dataset, epochs, num_nodes, num_train),
+                       lr_of(dataset, method), timeout=config.timeout, **extra)
 
     def with_bias(run: PlannedRun, section: str, epochs: int) -> None:
         """Attach the centralized reference (same seed) and two noise references: another seed
@@ -341,13 +351,8 @@ def lr_search_plan(config: StudyConfig, num_nodes: Callable[[str], int] | None =
     methods = list(TABLE2_METHODS) if "table2" in config.only else []
     if "table5" in config.only:
         methods += [m for m in ABLATION_METHODS if m not in methods]
-
-    def epochs(dataset: str, method: str) -> int:
-        if config.equal_steps and num_nodes is not None and num_train is not None:
-            return equal_step_epochs(method, config.epochs_for(dataset), num_nodes(dataset),
-                                     num_train(dataset), config.min_minibatch_epochs)
-        return config.epochs_for(dataset)
-    return [RunSpec(d, m, config.main_clients, "random", config.seeds[0], epochs(d, m), lr,
+    return [RunSpec(d, m, config.main_clients, "random", config.seeds[0],
+                    method_epochs(config, m, d, config.epochs_for(d), num_nodes, num_train), lr,
                     timeout=config.timeout)
             for d in config.datasets for m in methods for lr in LR_GRID]
 
@@ -587,7 +592,7 @@ class Study:
                 outcomes[spec.key] = RunOutcome("unavailable", 0.0, self.unavailable[method.algo])
                 continue
             if status == "done":  # calibrate the cost model with runs of earlier sessions
-                wall = (_read_json(run_dir / "driver.json") or {}).get("wall_seconds")
+                wall = (read_json(run_dir / "driver.json") or {}).get("wall_seconds")
                 if wall:
                     measured = self.executed.setdefault(spec.method, [0.0, 0.0])
                     measured[0] += float(wall)
@@ -719,18 +724,8 @@ class Study:
         os.replace(tmp, previous)
 
 
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _final_f1(run_dir: Path) -> float:
-    try:
-        return float(json.loads((run_dir / "final.json").read_text())["test_micro_f1"])
-    except (OSError, ValueError, KeyError):
-        return float("nan")
+    return float((read_json(run_dir / "final.json") or {}).get("test_micro_f1", float("nan")))
 
 
 def _hms(seconds: float) -> str:
@@ -831,7 +826,6 @@ def main(argv: list[str] | None = None) -> int:
         log.info("plan: %d runs, estimated %s (cost model; see plan.json)",
                  len(payload["runs"]), _hms(payload["estimated_seconds"]))
         return 0
-    from mpifgl.report import write_report
     path = write_report(Path(config.out))
     log.info("report written: %s", path)
     return 0

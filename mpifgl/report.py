@@ -73,7 +73,8 @@ class RunRow:
     cross_edge_fraction: float = math.nan
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON in ``path``, or None when missing or unreadable."""
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
@@ -130,8 +131,8 @@ def collect_rows(root: Path, plan: dict[str, Any]) -> list[RunRow]:
         row = RunRow(entry["key"], "+".join(entry["sections"]), entry["dataset"], entry["method"],
                      entry["partition"], entry["num_clients"], entry["seed"], entry["epochs"],
                      entry["lr"], entry.get("tag", ""), "missing")
-        final = _read_json(run_dir / "final.json")
-        failed = _read_json(run_dir / "FAILED.json")
+        final = read_json(run_dir / "final.json")
+        failed = read_json(run_dir / "FAILED.json")
         algo = _algo_of(entry["method"])
         if final is not None:
             row.status = "done"
@@ -140,7 +141,7 @@ def collect_rows(root: Path, plan: dict[str, Any]) -> list[RunRow]:
             row.best_epoch = int(final.get("best_epoch", 0))
             for name, value in summarize_metrics(read_metrics(run_dir)).items():
                 setattr(row, name, value)
-            driver = _read_json(run_dir / "driver.json") or {}
+            driver = read_json(run_dir / "driver.json") or {}
             row.wall_seconds = float(driver.get("wall_seconds", math.nan))
         elif failed is not None:
             row.status, row.message = "failed", failed.get("reason", "")
@@ -151,7 +152,7 @@ def collect_rows(root: Path, plan: dict[str, Any]) -> list[RunRow]:
             row.status, row.message = "unavailable", unavailable[algo]
         elif plan.get("outcomes", {}).get(entry["key"], {}).get("status") == "budget":
             row.status, row.message = "budget", "not run: over the study's time budget"
-        manifest = _read_json(root / "shards" / entry["shard_name"] / "manifest.json")
+        manifest = read_json(root / "shards" / entry["shard_name"] / "manifest.json")
         if manifest:
             row.cross_edge_fraction = float(manifest.get("cross_edge_fraction", math.nan))
         if row.status == "done" and entry.get("reference"):
@@ -518,7 +519,7 @@ def write_report(root: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plan = _read_json(root / "plan.json")
+    plan = read_json(root / "plan.json")
     if plan is None:
         raise FileNotFoundError(f"{root / 'plan.json'}: missing or unreadable; run "
                                 f"`python -m mpifgl.experiments --out {root}` first")

@@ -18,8 +18,7 @@ from typing import Any
 import torch
 
 from mpifgl.algorithms import get_algorithm
-from mpifgl.config import (TrainConfig, build_parser, explicit_flags, resumed_config,
-                           with_algorithm_defaults)
+from mpifgl.config import TrainConfig, build_parser, explicit_flags, resumed_config
 from mpifgl.graph import ClientGraph
 from mpifgl.runlog import RunDirectory, check_run_dir_writable, load_checkpoint
 from mpifgl.shards import (ShardError, check_shard_against_manifest, file_sha256,
@@ -248,8 +247,9 @@ def run_distributed(config: TrainConfig, explicit: set[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv, quiet=launcher_rank() != 0)
     explicit = explicit_flags(argv if argv is not None else sys.argv[1:])
-    config = with_algorithm_defaults(config, explicit)
-    if not get_algorithm(config.algo).distributed:
+    algorithm = get_algorithm(config.algo)
+    config = algorithm.with_defaults(config, explicit)
+    if not algorithm.distributed:
         return run_centralized(config, explicit)
     return run_distributed(config, explicit)
 

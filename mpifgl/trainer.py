@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import resource
 import time
+from functools import partial
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,9 +113,8 @@ class Trainer:
         seeds = np.random.SeedSequence([config.seed, comm.rank]).generate_state(2)
         self.sample_rng = np.random.default_rng(int(seeds[0]))
         self.dropout_rng = np.random.default_rng(int(seeds[1]))
-        self.exchange = None
-        if self.distributed:
-            self.exchange = comm.exchange_star if config.exchange == "star" else comm.exchange
+        self.exchange = (partial(comm.exchange, star=config.exchange == "star")
+                         if self.distributed else None)
         self.state = TrainerState()
         self._setup_counts_and_sampler()
         self.full_operator = build_operator(graph, config.backbone, None, None, self.dtype,

@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 
-from mpifgl.config import (TrainConfig, build_parser, explicit_flags, parse_config, resumed_config,
-                           with_algorithm_defaults)
+from mpifgl.algorithms import get_algorithm
+from mpifgl.config import TrainConfig, build_parser, explicit_flags, parse_config, resumed_config
 from mpifgl.runlog import RunDirectory, atomic_write, check_run_dir_writable
 
 
@@ -62,7 +62,8 @@ def test_centralized_is_full_batch_unless_sampling_is_asked_for():
     for argv, expected in ((["--algo", "centralized"], "none"),
                            (["--algo", "centralized", "--sampling", "label"], "label"),
                            (["--algo", "ours"], "label"), ([], "label")):
-        config = with_algorithm_defaults(parse_config(argv), explicit_flags(argv))
+        config = parse_config(argv)
+        config = get_algorithm(config.algo).with_defaults(config, explicit_flags(argv))
         assert config.sampling == expected, argv
 
 

@@ -269,9 +269,10 @@ class _CentralizedPyGTrainer(Trainer):
                               self.dtype)
         self.optimizer = Adam(self.model.parameters(), lr=self.config.lr,
                               weight_decay=self.config.weight_decay)
-        n = self.graph.num_nodes
-        self.full_adjacency = torch_adjacency(csr_edge_index(self.adjacency), None, n, n,
-                                              self.dtype)
+        # adj_t[v, u] = 1 per edge u -> v: the CSR itself with unit weights
+        self.full_adjacency = torch_csr(sp.csr_matrix(
+            (np.ones(self.adjacency.nnz), self.adjacency.indices, self.adjacency.indptr),
+            shape=self.adjacency.shape), self.dtype)
 
     def make_conv(self, in_dim: int, out_dim: int) -> nn.Module:
         raise NotImplementedError
