@@ -56,8 +56,11 @@ class TrainConfig:
                                    "star = each client's terms reach the server only (Gather, "
                                    "summed there): the paper's privacy model",
                          ("reduce", "star"))
-    steps_per_epoch: int = _opt(1, "optimizer steps per epoch, each on a fresh sample (the "
-                                   "paper's step length)")
+    steps_per_epoch: int = _opt(0, "optimizer steps per epoch, each on a fresh sample of "
+                                   "--sample-size draws (the paper's step length); 0: one pass "
+                                   "over the nodes per epoch, ceil(n / s) steps (4 at the default "
+                                   "s = n/4), and 1 step without node sampling or for the "
+                                   "baselines")
     # Baselines (docs/algorithms.md)
     local_epochs: int = _opt(1, "fedavg, fedavg-nc: local epochs per round (one round per epoch)")
     nc_fraction: float = _opt(0.2, "fedavg-nc: fraction of one-hop cross-client neighbours each "
@@ -100,7 +103,8 @@ class TrainConfig:
         need(self.weight_decay >= 0, "weight-decay", self.weight_decay, "a number >= 0")
         need(self.epochs >= 0, "epochs", self.epochs, "an integer >= 0")
         need(self.sample_size >= 0, "sample-size", self.sample_size, "an integer >= 0")
-        need(self.steps_per_epoch >= 1, "steps-per-epoch", self.steps_per_epoch, "an integer >= 1")
+        need(self.steps_per_epoch >= 0, "steps-per-epoch", self.steps_per_epoch,
+             "an integer >= 1, or 0 for one pass over the nodes per epoch")
         need(self.eval_every >= 1, "eval-every", self.eval_every, "an integer >= 1")
         need(self.seed >= 0, "seed", self.seed, "an integer >= 0")
         need(self.init_seed >= -1, "init-seed", self.init_seed, "an integer >= 0, or -1")

@@ -190,6 +190,7 @@ def test_bns_with_p1_equals_ours_full(toy_graph, toy_shards, tmp_path):
     run_ok(run_mpi(3, TRAIN + common + ["--algo", "ours", "--sampling", "none",
                                         "--out", str(tmp_path / "ours")], timeout=240))
     check_run_dir(tmp_path / "bns", toy_graph.num_nodes, toy_graph.num_classes, 4)
+    assert json.loads((tmp_path / "bns" / "config.json").read_text())["steps_per_epoch"] == 1
     bns, ours = metrics(tmp_path / "bns"), metrics(tmp_path / "ours")
     assert np.allclose([r["loss"] for r in bns], [r["loss"] for r in ours], atol=1e-6, rtol=0)
     assert np.allclose(np.load(tmp_path / "bns" / "logits.npy"),
@@ -301,3 +302,32 @@ def test_graphsaint_full_graph_model_is_our_backbone(toy_shards, backbone):
     ours.model.load_state_dict(saint.model.state_dict())
     difference = (saint.full_logits() - ours.full_logits()).abs().max().item()
     assert difference < 1e-10, difference
+
+
+def test_steps_per_epoch_zero_is_one_pass_for_ours_and_one_step_for_the_rest(toy_shards):
+    """--steps-per-epoch 0 (the default): ours draws s = n/4 per step and takes ceil(n / s) = 4
+    steps; an explicit value or another s changes it; without node sampling and for every
+    baseline it is 1. The resolved values are what config.json records (trainer.config)."""
+    from mpifgl.algorithms import get_algorithm
+    from mpifgl.config import TrainConfig
+    from mpifgl.trainer import LocalComm
+    shard_dir = toy_shards(2)
+    manifest = read_manifest(shard_dir)
+    merged = ClientGraph.merged([load_client_shard(shard_dir / shard_filename(i))
+                                 for i in range(2)])
+    n = merged.num_nodes
+
+    def resolved(**flags) -> TrainConfig:
+        config = TrainConfig(hidden=8, batch_size=6, **flags)
+        trainer_class = get_algorithm(config.algo).trainer_class()
+        return trainer_class(config, LocalComm(), merged, manifest.num_classes, None).config
+
+    ours = resolved(algo="centralized", sampling="label")
+    assert (ours.sample_size, ours.steps_per_epoch) == (round(n / 4), 4)
+    assert resolved(algo="centralized", sampling="uniform", sample_size=n // 2 + 1) \
+        .steps_per_epoch == 2
+    assert resolved(algo="centralized", sampling="label", steps_per_epoch=3).steps_per_epoch == 3
+    full = resolved(algo="centralized", sampling="none")
+    assert (full.sample_size, full.steps_per_epoch) == (0, 1)
+    for algo in ("graphsage", "graphsaint"):
+        assert resolved(algo=algo).steps_per_epoch == 1, algo

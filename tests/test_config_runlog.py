@@ -24,7 +24,7 @@ def test_defaults_are_the_papers_settings():
     ("dropout", 1.0, "--dropout is 1.0, expected a probability in [0, 1)"),
     ("lr", -0.1, "--lr is -0.1"),
     ("sample_size", -5, "--sample-size is -5"),
-    ("steps_per_epoch", 0, "--steps-per-epoch is 0"),
+    ("steps_per_epoch", -1, "--steps-per-epoch is -1"),
     ("seed", -1, "--seed is -1, expected an integer >= 0"),
     ("fanouts", "25,x", "--fanouts is '25,x'"),
     ("boundary_p", 0.0, "--boundary-p is 0.0"),

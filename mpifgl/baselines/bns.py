@@ -42,9 +42,10 @@ class BoundaryNodeSampler:
 class BNSTrainer(Trainer):
     """``ours`` with the label-guided sampler replaced by boundary-node sampling."""
 
+    uses_node_sampler = False
+
     def _setup_counts_and_sampler(self) -> None:
-        super()._setup_counts_and_sampler()  # global counts; its own sampler is replaced here
-        self.sampler = None
+        super()._setup_counts_and_sampler()  # global counts; the boundary sampler is set here
         if self.graph.client_id >= 0:
             self.sampler = BoundaryNodeSampler(boundary_mask(self.graph), self.config.boundary_p,
                                                self.sample_rng)

@@ -152,6 +152,8 @@ def fetch_features(comm: Any, graph: ClientGraph, wanted: np.ndarray) -> np.ndar
 # -- the trainers --------------------------------------------------------------------------------
 
 class FedAvgTrainer(Trainer):
+    uses_node_sampler = False
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)  # global split counts, model, Adam (one per rank)
         if self.global_split_counts["train"] == 0:

@@ -256,6 +256,8 @@ class _CentralizedPyGTrainer(Trainer):
     """A centralized Trainer whose model is a PyG stack on a dense feature matrix. The run loop,
     evaluation counting, outputs and checkpoints are the Trainer's."""
 
+    uses_node_sampler = False
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if self.distributed:
