@@ -6,7 +6,7 @@
 8 clients, random partition, hidden 128, dropout 0.2, 200 epochs; lr picked from {0.1, 0.01,
 0.001} by best validation micro-F1 on the first seed, then every seed run at that lr; test
 micro-F1 at the best validation epoch, mean and std over seeds. Methods: ours (label-guided
-sampling, a quarter of the nodes), ours-full (--sampling none), ours* (--no-normalize),
+sampling of a quarter of the nodes per step, 4 steps per epoch), ours-full (--sampling none), ours* (--no-normalize),
 centralized GCN. Resumable: a run whose final.json exists is not run again. Prints a Markdown
 table and writes it to OUT/accuracy.md.
 """

@@ -3,8 +3,9 @@
     . .venv/bin/activate
     python benchmarks/bench_train.py [--epochs 20] [--work /tmp/mpifgl-bench] [--shards DIR]
 
-Methods: ours (label-guided sampling, s = n/4 draws), ours-star (the same with --exchange star:
-terms gathered at the server instead of MPI_Reduce), ours-full (no sampling), centralized.
+Methods: ours (label-guided sampling, s = n/4 draws per step, its default ceil(n/s) = 4 steps
+per epoch), ours-1step (one such step per epoch), ours-star (ours with --exchange star: terms
+gathered at the server instead of MPI_Reduce), ours-full (no sampling), centralized.
 Prints, per method: seconds per epoch (training compute and communication apart, max over ranks,
 mean over the steady epochs 2..E-1) and the bytes each client moves per epoch, next to the
 paper's communication volume (appendix C): the forward pass moves m * n_S * L * d elements per
@@ -77,10 +78,12 @@ def main() -> int:
           f"{args.epochs} epochs, {os.cpu_count()} cores, load average "
           f"{os.getloadavg()[0]:.1f} at start")
     methods = {"ours": ["--algo", "ours", "--sample-size", str(sample)],
+               "ours-1step": ["--algo", "ours", "--sample-size", str(sample),
+                              "--steps-per-epoch", "1"],
                "ours-star": ["--algo", "ours", "--sample-size", str(sample), "--exchange", "star"],
                "ours-full": ["--algo", "ours", "--sampling", "none"],
                "centralized": ["--algo", "centralized"]}
-    print(f"\n{'method':12s} {'wall s':>7s} {'epoch s':>8s} {'compute s':>9s} {'comm s':>7s} "
+    print(f"\n{'method':12s} {'steps':>5s} {'wall s':>7s} {'epoch s':>8s} {'compute s':>9s} {'comm s':>7s} "
           f"{'MB sent/client':>14s} {'MB recv/client':>14s} {'peak RSS/client MB':>18s}")
     measured = {}
     for method, flags in methods.items():
@@ -92,21 +95,23 @@ def main() -> int:
         received = [sum(r["bytes_received"][1:]) / max(1, len(r["bytes_received"]) - 1)
                     for r in records]
         rss = max(max(r["peak_rss_mb"][1:] or r["peak_rss_mb"]) for r in records)
-        measured[method] = sum(sent) / len(sent)
-        print(f"{method:12s} {wall:7.1f} {mean('epoch_seconds'):8.3f} {mean('compute_seconds'):9.3f}"
+        steps = json.loads((out / "config.json").read_text())["steps_per_epoch"]
+        measured[method] = (sum(sent) / len(sent), steps)
+        print(f"{method:12s} {steps:5d} {wall:7.1f} {mean('epoch_seconds'):8.3f} {mean('compute_seconds'):9.3f}"
               f" {mean('comm_seconds'):7.3f} {sum(sent) / len(sent) / 2**20:14.2f} "
               f"{sum(received) / len(received) / 2**20:14.2f} {rss:18.0f}")
-    print("\nbytes per training step against the paper's formula (4-byte elements):")
+    print("\nbytes per epoch against the paper's formula (4-byte elements, per step x steps):")
     widths = [HIDDEN] * (LAYERS - 1) + [classes]
     for method, n_s in (("ours", sample), ("ours-full", n)):
+        sent, steps = measured[method]
         paper = CLIENTS * n_s * LAYERS * HIDDEN
         ours_model = CLIENTS * n_s * sum(widths)
-        total = measured[method] * CLIENTS
-        print(f"  {method:10s} n_S = {n_s:6d}: paper forward m*n_S*L*d = {paper:,} elements "
-              f"({paper * 4 / 2**20:.1f} MB; x2 with backward = {2 * paper * 4 / 2**20:.1f} MB); "
-              f"with our widths d_l = {widths}: {ours_model:,} elements "
-              f"({ours_model * 4 / 2**20:.1f} MB, x2 = {2 * ours_model * 4 / 2**20:.1f} MB); "
-              f"measured sum of clients' bytes_sent = {total / 2**20:.1f} MB per epoch")
+        mb = lambda elements: elements * 4 * steps / 2**20  # noqa: E731
+        print(f"  {method:10s} n_S = {n_s:6d}, {steps} step(s): paper forward m*n_S*L*d = "
+              f"{paper:,} elements per step ({mb(paper):.1f} MB per epoch; x2 with backward = "
+              f"{2 * mb(paper):.1f} MB); with our widths d_l = {widths}: {ours_model:,} elements "
+              f"per step ({mb(ours_model):.1f} MB, x2 = {2 * mb(ours_model):.1f} MB); measured "
+              f"sum of clients' bytes_sent = {sent * CLIENTS / 2**20:.1f} MB per epoch")
     print("  (n_S for ours = draws s = n/4, an upper bound on the distinct sampled rows that "
           "travel; measured also holds the float64 gradient sum and the index allgather)")
     return 0

@@ -154,7 +154,7 @@ class Trainer:
         full-graph step. Why not one sampled step: at s = n/4, 200 such steps left ours 2.8
         points below centralized GCN on amazon-computers (88.27 vs 91.09), 4 per epoch put it
         0.9 above, and splitting the same n/4 draws over 4 steps lost accuracy instead (85.7 at
-        s = n/16): the estimator's variance grows as the sample shrinks (benchmarks/README.md).
+        s = n/16): the estimator's variance grows as the sample shrinks (docs/training.md).
         The baselines take 1: their epochs are already passes over their data."""
         if self.config.sampling == "none" or not self.uses_node_sampler:
             return 1
