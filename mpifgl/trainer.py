@@ -136,6 +136,7 @@ class Trainer:
         self.global_group_counts = totals[:c + 1]
         self.global_split_counts = dict(zip(SPLITS, (int(v) for v in totals[c + 1:])))
         self.sampler: NodeSampler | None = None
+        self.draws_per_client: np.ndarray | None = None  # s_i; None: no node sampling
         if self.config.sampling == "none" or not self.uses_node_sampler:
             return
         n = int(self.graph.client_sizes.sum())
@@ -156,10 +157,10 @@ class Trainer:
         0.9 above, and splitting the same n/4 draws over 4 steps lost accuracy instead (85.7 at
         s = n/16): the estimator's variance grows as the sample shrinks (docs/training.md).
         The baselines take 1: their epochs are already passes over their data."""
-        if self.config.sampling == "none" or not self.uses_node_sampler:
+        if self.draws_per_client is None:
             return 1
         n = int(self.graph.client_sizes.sum())
-        return max(1, -(-n // self.config.sample_size))
+        return max(1, -(-n // int(self.draws_per_client.sum())))
 
     # -- one step -------------------------------------------------------------------------------
     def sample_operator(self) -> tuple[LayerOperator, int]:

@@ -338,8 +338,10 @@ def test_sparse_input_features_give_the_dense_convs_numbers(toy_graph, conv):
     """Sparse (bag-of-words) inputs go through the first conv transform-first with the conv's
     own parameters: logits and every gradient equal the PyG conv on the dense rows (1e-10), for
     a trimmed GraphSAGE batch and for one whole-graph adjacency (GraphSAINT, evaluation)."""
+    import scipy.sparse as sp
     from torch_geometric.nn import GCNConv, GraphConv, SAGEConv
     from mpifgl.baselines.sampled import PyGStack
+    from mpifgl.graph import torch_csr
     from mpifgl.model import SparseFeatures, make_features
     make = {"sage": lambda i, o: SAGEConv(i, o, aggr="mean"),
             "gcn": lambda i, o: GCNConv(i, o, normalize=False, add_self_loops=False),
@@ -352,12 +354,10 @@ def test_sparse_input_features_give_the_dense_convs_numbers(toy_graph, conv):
     model = PyGStack(make, [x.shape[1], 6, 3], 0.0, 0, torch.float64)
     sampler = NeighbourSampler(adjacency, [4, 3], np.random.default_rng(3))
     batch = sampler.sample(np.arange(0, toy_graph.num_nodes, 9))
-    weights = np.random.default_rng(5).random(adjacency.nnz) + 0.5
-    whole = torch.sparse_csr_tensor(torch.from_numpy(adjacency.indptr.astype(np.int64)),
-                                    torch.from_numpy(adjacency.indices.astype(np.int64)),
-                                    torch.from_numpy(weights if conv != "sage"
-                                                     else np.ones(adjacency.nnz)),
-                                    size=adjacency.shape, dtype=torch.float64)
+    weights = (np.random.default_rng(5).random(adjacency.nnz) + 0.5 if conv != "sage"
+               else np.ones(adjacency.nnz))  # SAGE's mean aggregation takes unit weights
+    whole = torch_csr(sp.csr_matrix((weights, adjacency.indices, adjacency.indptr),
+                                    shape=adjacency.shape), torch.float64)
     cases = [(whole, np.arange(toy_graph.num_nodes))]
     if conv != "gcn":  # GCNConv has no bipartite (trimmed) form; GraphSAINT uses it whole
         cases.append((batch.layer_adjacencies(torch.float64), batch.nodes))

@@ -232,7 +232,7 @@ class PyGStack(nn.Module):
             elif isinstance(adjacency, list):
                 z = layer((z, z[:layer_adjacency.shape[0]]), layer_adjacency)
             else:
-                z = layer(z, adjacency)
+                z = layer(z, layer_adjacency)
             if k < len(self.layers) - 1:
                 z = torch.relu(z)
         return z
@@ -280,8 +280,9 @@ def csr_edge_index(adjacency: sp.csr_matrix) -> np.ndarray:
 
 
 class _CentralizedPyGTrainer(Trainer):
-    """A centralized Trainer whose model is a PyG stack on a dense feature matrix. The run loop,
-    evaluation counting, outputs and checkpoints are the Trainer's."""
+    """A centralized Trainer whose model is a PyG stack on the Trainer's features (dense, or
+    sparse for bag-of-words). The run loop, evaluation counting, outputs and checkpoints are the
+    Trainer's."""
 
     uses_node_sampler = False
 
