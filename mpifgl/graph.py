@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import scipy.sparse as sp
@@ -46,6 +47,14 @@ class ClientGraph:
     degree: np.ndarray  # int64 [n_i], whole graph, no self loop
     inner: sp.csr_matrix  # A_ii [n_i, n_i]
     cross: sp.csr_matrix  # [n_i, n] in client-ordered columns, own columns empty
+
+    @cached_property
+    def inner_arrays(self) -> "CSRArrays":
+        return CSRArrays.of(self.inner)
+
+    @cached_property
+    def cross_arrays(self) -> "CSRArrays":
+        return CSRArrays.of(self.cross)
 
     @property
     def num_nodes(self) -> int:
@@ -112,33 +121,65 @@ class ClientGraph:
                    sp.csr_matrix((n, n), dtype=np.float32))
 
 
-def _select(csr: sp.csr_matrix, rows: np.ndarray | None, col_map: np.ndarray | None,
-            num_cols: int) -> sp.csr_matrix:
-    """csr[rows][:, cols] where col_map[c] = new column of c or -1 (fast, keeps CSR order)."""
-    sub = csr if rows is None else csr[rows]
-    if col_map is None:
-        return sub
-    new_cols = col_map[sub.indices]
-    keep = new_cols >= 0
-    kept_before = np.concatenate([[0], np.cumsum(keep)]).astype(np.int64)
-    indptr = kept_before[sub.indptr]
-    return sp.csr_matrix((sub.data[keep], new_cols[keep], indptr), shape=(sub.shape[0], num_cols))
+@dataclass
+class CSRArrays:
+    """A CSR matrix as bare int64/float arrays. The sampled operators are rebuilt every step, and
+    scipy's constructors (format checks, index-dtype choice) cost more than the slicing itself."""
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    data: np.ndarray
+    shape: tuple[int, int]
+
+    @classmethod
+    def of(cls, matrix: sp.csr_matrix) -> "CSRArrays":
+        matrix = matrix.tocsr()
+        return cls(matrix.indptr.astype(np.int64), matrix.indices.astype(np.int64), matrix.data,
+                   matrix.shape)
+
+    def select(self, rows: np.ndarray, col_map: np.ndarray, num_cols: int) -> "CSRArrays":
+        """self[rows][:, cols] where col_map[c] = new column of c or -1 (CSR order kept)."""
+        starts, ends = self.indptr[rows], self.indptr[rows + 1]
+        lengths = ends - starts
+        row_bounds = np.zeros(rows.shape[0] + 1, dtype=np.int64)
+        np.cumsum(lengths, out=row_bounds[1:])
+        # positions of the selected rows' entries: starts[r] + 0..lengths[r]-1, end to end
+        position = np.arange(row_bounds[-1], dtype=np.int64) + np.repeat(starts - row_bounds[:-1],
+                                                                          lengths)
+        new_cols = col_map[self.indices[position]]
+        keep = new_cols >= 0
+        kept_before = np.zeros(keep.shape[0] + 1, dtype=np.int64)
+        np.cumsum(keep, out=kept_before[1:])
+        return CSRArrays(kept_before[row_bounds], new_cols[keep], self.data[position[keep]],
+                         (int(rows.shape[0]), int(num_cols)))
+
+    def transpose(self) -> "CSRArrays":
+        rows, cols = self.shape
+        row_of = np.repeat(np.arange(rows, dtype=np.int64), np.diff(self.indptr))
+        order = np.argsort(self.indices, kind="stable")  # within a column, rows stay ascending
+        indptr = np.zeros(cols + 1, dtype=np.int64)
+        np.cumsum(np.bincount(self.indices, minlength=cols), out=indptr[1:])
+        return CSRArrays(indptr, row_of[order], self.data[order], (cols, rows))
+
+    def torch(self, dtype: torch.dtype) -> torch.Tensor:
+        return torch.sparse_csr_tensor(torch.from_numpy(self.indptr), torch.from_numpy(self.indices),
+                                       torch.from_numpy(np.asarray(self.data)).to(dtype),
+                                       size=self.shape)
 
 
 def torch_csr(matrix: sp.csr_matrix, dtype: torch.dtype) -> torch.Tensor:
-    matrix = matrix.tocsr()
-    return torch.sparse_csr_tensor(torch.from_numpy(matrix.indptr.astype(np.int64)),
-                                   torch.from_numpy(matrix.indices.astype(np.int64)),
-                                   torch.from_numpy(matrix.data).to(dtype), size=matrix.shape)
+    return CSRArrays.of(matrix).torch(dtype)
 
 
 class SparseOperator:
     """A constant sparse matrix with its transpose precomputed, for y -> M y with autograd."""
 
-    def __init__(self, matrix: sp.csr_matrix, dtype: torch.dtype):
-        self.shape = matrix.shape
-        self.forward_matrix = torch_csr(matrix, dtype)
-        self.transpose_matrix = torch_csr(matrix.T.tocsr(), dtype)
+    def __init__(self, matrix: "sp.csr_matrix | CSRArrays", dtype: torch.dtype,
+                 transpose: "CSRArrays | None" = None):
+        arrays = matrix if isinstance(matrix, CSRArrays) else CSRArrays.of(matrix)
+        self.shape = arrays.shape
+        self.forward_matrix = arrays.torch(dtype)
+        self.transpose_matrix = (transpose or arrays.transpose()).torch(dtype)
 
     def __matmul__(self, dense: torch.Tensor) -> torch.Tensor:
         return _SparseMatmul.apply(dense, self)
@@ -181,7 +222,7 @@ class CrossExchangePlan:
     each client its own segment. The operator is self-adjoint as a whole, so the backward pass is
     the same exchange applied to the gradient. ``segment_rows[j]`` = |S_j|."""
 
-    send_matrix: SparseOperator  # [n_S, |S_i|] = (A_i,cross[S_i, S])^T
+    send_matrix: "SparseOperator | None"  # [n_S, |S_i|] = (A_i,cross[S_i, S])^T; None: server
     segment_rows: np.ndarray  # int64 [m]
     own_segment: int  # client id, or -1 for the server
 
@@ -207,18 +248,18 @@ def build_operator(graph: ClientGraph, backbone: str, samples: list[np.ndarray] 
     n_i = graph.num_nodes
     if samples is None:
         rows = np.arange(n_i, dtype=np.int64)
-        inner = graph.inner
-        cross = graph.cross if exchanged else None
+        inner = graph.inner_arrays
+        cross = graph.cross_arrays if exchanged else None
         segment_rows = graph.client_sizes.copy()
     else:
         rows = samples[own] if own >= 0 else np.zeros(0, dtype=np.int64)
         inner_map = np.full(n_i, -1, dtype=np.int64)
         inner_map[rows] = np.arange(rows.shape[0])
-        inner = _select(graph.inner, rows, inner_map, rows.shape[0])
+        inner = graph.inner_arrays.select(rows, inner_map, rows.shape[0])
         cross = None
         if exchanged:
             col_map, total = sample_columns(graph, samples)
-            cross = _select(graph.cross, rows, col_map, total)
+            cross = graph.cross_arrays.select(rows, col_map, total)
         segment_rows = np.asarray([s.shape[0] for s in samples], dtype=np.int64)
     p = np.ones(rows.shape[0]) if probability is None else probability
     deg = graph.degree[rows].astype(np.float64)
@@ -231,7 +272,16 @@ def build_operator(graph: ClientGraph, backbone: str, samples: list[np.ndarray] 
         raise ValueError(f"backbone {backbone!r}, expected gcn or 1gnn")
     as_col = lambda v: torch.from_numpy(np.asarray(v, dtype=np.float64)).to(dtype)[:, None]  # noqa: E731
     plan = None
-    if cross is not None:
-        plan = CrossExchangePlan(SparseOperator(cross.T.tocsr(), dtype), segment_rows, own)
+    if cross is not None:  # the send matrix is the cross block's transpose
+        plan = CrossExchangePlan(SparseOperator(cross.transpose(), dtype, transpose=cross),
+                                 segment_rows, own)
     return LayerOperator(rows, SparseOperator(inner, dtype), as_col(row_scale), as_col(col_scale),
                          as_col(self_scale), plan)
+
+
+def server_operator(segment_rows: np.ndarray) -> LayerOperator:
+    """The server's view of a step: no rows, only how many rows each client's segment has."""
+    empty = np.zeros(0, dtype=np.int64)
+    none = torch.zeros((0, 1))
+    return LayerOperator(empty, SparseOperator(sp.csr_matrix((0, 0)), torch.float32), none, none,
+                         none, CrossExchangePlan(None, np.asarray(segment_rows, np.int64), -1))

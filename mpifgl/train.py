@@ -184,6 +184,8 @@ def set_up(config: TrainConfig, comm: Any,
         trainer.load_checkpoint(checkpoint)
         if run_dir is not None:
             run_dir.reset_metrics(keep_through_epoch=trainer.state.epoch)
+    elif run_dir is not None:
+        run_dir.start_fresh()
     config = trainer.config  # sample size and steps per epoch resolved against the graph
     if run_dir is not None:
         resolved = {**config.to_dict(), "world_size": comm.size, "num_classes": manifest.num_classes,

@@ -159,3 +159,50 @@ def test_sparse_and_dense_features_agree(toy_graph, tmp_path, backbone):
         results[feature_format] = (loss, flat_grads(trainer.model), trainer.full_logits().numpy())
     for k, what in enumerate(("loss", "grads", "logits")):
         assert_close(results["sparse"][k], results["dense"][k], 1e-12, what)
+
+
+def test_csr_row_column_selection_and_transpose_match_scipy():
+    """The sampled operators are sliced with bare CSR arrays every step: same entries, same
+    order as scipy's csr[rows][:, cols] and .T.tocsr()."""
+    from mpifgl.graph import CSRArrays
+    rng = np.random.default_rng(0)
+    matrix = sp.random(60, 90, density=0.1, format="csr", random_state=1, dtype=np.float32)
+    rows = np.sort(rng.choice(60, size=25, replace=False))
+    cols = np.sort(rng.choice(90, size=40, replace=False))
+    col_map = np.full(90, -1, dtype=np.int64)
+    col_map[cols] = np.arange(cols.shape[0])
+    selected = CSRArrays.of(matrix).select(rows, col_map, cols.shape[0])
+    expected = matrix[rows][:, cols].tocsr()
+    expected.sort_indices()
+    got = sp.csr_matrix((selected.data, selected.indices, selected.indptr), shape=selected.shape)
+    np.testing.assert_array_equal(got.toarray(), expected.toarray())
+    np.testing.assert_array_equal(selected.indptr, expected.indptr)
+    np.testing.assert_array_equal(selected.indices, expected.indices)
+    transposed = selected.transpose()
+    expected_t = expected.T.tocsr()
+    np.testing.assert_array_equal(transposed.indptr, expected_t.indptr)
+    np.testing.assert_array_equal(transposed.indices, expected_t.indices)
+    np.testing.assert_array_equal(transposed.data, expected_t.data)
+    empty = CSRArrays.of(matrix).select(np.zeros(0, np.int64), col_map, cols.shape[0])
+    assert empty.shape == (0, cols.shape[0]) and empty.indptr.tolist() == [0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_dropout_keeps_one_minus_p_scaled_and_is_reproducible(dtype):
+    from mpifgl.model import dropout
+    p = 0.3
+    z = torch.rand(200, 300, dtype=dtype) + 0.5
+    z.requires_grad_(True)
+    out = dropout(z, p, np.random.default_rng(7))
+    again = dropout(z.detach(), p, np.random.default_rng(7))
+    assert torch.equal(out.detach(), again)
+    # the mask is the numpy stream's uniform draws >= p (documented stream, checkpointed state)
+    keep = torch.from_numpy(np.random.default_rng(7).random((200, 300), dtype=np.float32) >= p)
+    assert torch.equal(out.detach() != 0, keep)
+    torch.testing.assert_close(out.detach()[keep], z.detach()[keep] / (1 - p),
+                               rtol=4 * torch.finfo(dtype).eps, atol=0)
+    assert abs(keep.double().mean().item() - (1 - p)) < 0.01  # 60,000 draws: 5 sigma is 0.009
+    out.sum().backward()
+    torch.testing.assert_close(z.grad, keep.to(dtype) / (1 - p), rtol=4 * torch.finfo(dtype).eps,
+                               atol=0)
+    assert dropout(z, 0.0, np.random.default_rng(7)) is z

@@ -221,6 +221,14 @@ def test_centralized_refuses_many_ranks_and_bad_flags(toy_shards, tmp_path):
                        "--epochs", "2"])
     assert done.returncode == 1 and "already holds a run" in done.stderr
     assert (out / "metrics.jsonl").read_bytes() == before
+    # --force starts a new run there: no line or file of the old one stays behind.
+    (out / "logits.npy").write_bytes(b"stale")
+    ok(run_python([*TRAIN, "--algo", "centralized", "--shards", str(shards), "--out", str(out),
+                   "--epochs", "1", "--force"]))
+    epochs = [json.loads(line)["epoch"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert epochs == [1]
+    assert not (out / "logits.npy").exists()
+    assert json.loads((out / "final.json").read_text())["epochs"] == 1
 
 
 @pytest.mark.e2e
