@@ -5,7 +5,9 @@
 
 Methods: ours (label-guided sampling, s = n/4 draws per step, its default ceil(n/s) = 4 steps
 per epoch), ours-1step (one such step per epoch), ours-star (ours with --exchange star: terms
-gathered at the server instead of MPI_Reduce), ours-full (no sampling), centralized.
+gathered at the server instead of MPI_Reduce), ours-full (no sampling), centralized (one process,
+one torch thread: the reference of the issue's speed targets), centralized-all-cores (the same
+with one torch thread per core: the whole machine, as the 9 MPI ranks have it).
 Prints, per method: seconds per epoch (training compute and communication apart, max over ranks,
 mean over the steady epochs 2..E-1) and the bytes each client moves per epoch, next to the
 paper's communication volume (appendix C): the forward pass moves m * n_S * L * d elements per
@@ -44,10 +46,13 @@ LAYERS = 2
 def run(method: str, shards: Path, out: Path, epochs: int, flags: list[str]) -> float:
     command = [sys.executable, "-m", "mpifgl.train", "--shards", str(shards), "--out", str(out),
                "--epochs", str(epochs), "--eval-every", str(10 * epochs), "--force", *flags]
-    if method != "centralized":
+    env = mpi_env()  # one torch thread per process
+    if not method.startswith("centralized"):
         command = [mpirun_path(), "-n", str(CLIENTS + 1), *command]
+    elif method == "centralized-all-cores":
+        env["OMP_NUM_THREADS"] = str(os.cpu_count() or 1)
     start = time.perf_counter()
-    result = subprocess.run(command, env=mpi_env(), capture_output=True, text=True, timeout=1800,
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800,
                             cwd=REPO)
     if result.returncode != 0:
         raise SystemExit(f"{method} failed ({result.returncode}): {result.stderr[-2000:]}")
@@ -82,10 +87,11 @@ def main() -> int:
                               "--steps-per-epoch", "1"],
                "ours-star": ["--algo", "ours", "--sample-size", str(sample), "--exchange", "star"],
                "ours-full": ["--algo", "ours", "--sampling", "none"],
-               "centralized": ["--algo", "centralized"]}
-    print(f"\n{'method':12s} {'steps':>5s} {'wall s':>7s} {'epoch s':>8s} {'compute s':>9s} {'comm s':>7s} "
+               "centralized": ["--algo", "centralized"],
+               "centralized-all-cores": ["--algo", "centralized"]}
+    print(f"\n{'method':22s} {'steps':>5s} {'wall s':>7s} {'epoch s':>8s} {'compute s':>9s} {'comm s':>7s} "
           f"{'MB sent/client':>14s} {'MB recv/client':>14s} {'peak RSS/client MB':>18s}")
-    measured = {}
+    measured, epoch_seconds = {}, {}
     for method, flags in methods.items():
         out = args.work / "runs" / method
         wall = run(method, shards, out, args.epochs, flags)
@@ -97,9 +103,14 @@ def main() -> int:
         rss = max(max(r["peak_rss_mb"][1:] or r["peak_rss_mb"]) for r in records)
         steps = json.loads((out / "config.json").read_text())["steps_per_epoch"]
         measured[method] = (sum(sent) / len(sent), steps)
-        print(f"{method:12s} {steps:5d} {wall:7.1f} {mean('epoch_seconds'):8.3f} {mean('compute_seconds'):9.3f}"
+        epoch_seconds[method] = mean("epoch_seconds")
+        print(f"{method:22s} {steps:5d} {wall:7.1f} {mean('epoch_seconds'):8.3f} {mean('compute_seconds'):9.3f}"
               f" {mean('comm_seconds'):7.3f} {sum(sent) / len(sent) / 2**20:14.2f} "
               f"{sum(received) / len(received) / 2**20:14.2f} {rss:18.0f}")
+    print("\nepoch time / centralized epoch time (issue 3's targets: ours <= 1, ours-full <= 2):")
+    for method, seconds in epoch_seconds.items():
+        print(f"  {method:22s} {seconds / epoch_seconds['centralized']:5.2f} x centralized (1 thread), "
+              f"{seconds / epoch_seconds['centralized-all-cores']:5.2f} x centralized-all-cores")
     print("\nbytes per epoch against the paper's formula (4-byte elements, per step x steps):")
     widths = [HIDDEN] * (LAYERS - 1) + [classes]
     for method, n_s in (("ours", sample), ("ours-full", n)):
