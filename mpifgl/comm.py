@@ -13,9 +13,19 @@ import sys
 import time
 from typing import Any
 
+import os
+
 import numpy as np
 import torch
-from mpi4py import MPI
+
+# Open MPI only (MPICH ignores it), read when mpi4py initialises MPI just below: the non-blocking
+# reduce's algorithm. With 9 ranks on 2 cores a binomial tree took 3.2-3.5 ms for one sampled
+# layer-1 exchange on amazon-computers (Reduce + Scatterv of 3,047 x 128 float32) where Open
+# MPI's own choice took 4.9-5.7 ms; an epoch of 8 clients: 0.354 s against 0.381 s, mean of 8
+# interleaved pairs. A value set in the environment wins.
+os.environ.setdefault("OMPI_MCA_coll_libnbc_ireduce_algorithm", "binomial")
+
+from mpi4py import MPI  # noqa: E402
 
 SERVER_RANK = 0
 
