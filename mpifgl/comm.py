@@ -9,11 +9,10 @@ Traffic is counted as logical payload per rank: what a rank contributes to a col
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any
-
-import os
 
 import numpy as np
 import torch

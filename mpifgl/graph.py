@@ -139,8 +139,8 @@ class CSRArrays:
 
     def select(self, rows: np.ndarray, col_map: np.ndarray, num_cols: int) -> "CSRArrays":
         """self[rows][:, cols] where col_map[c] = new column of c or -1 (CSR order kept)."""
-        starts, ends = self.indptr[rows], self.indptr[rows + 1]
-        lengths = ends - starts
+        starts = self.indptr[rows]
+        lengths = self.indptr[rows + 1] - starts
         row_bounds = np.zeros(rows.shape[0] + 1, dtype=np.int64)
         np.cumsum(lengths, out=row_bounds[1:])
         # positions of the selected rows' entries: starts[r] + 0..lengths[r]-1, end to end
@@ -179,7 +179,7 @@ class SparseOperator:
         arrays = matrix if isinstance(matrix, CSRArrays) else CSRArrays.of(matrix)
         self.shape = arrays.shape
         self.forward_matrix = arrays.torch(dtype)
-        self.transpose_matrix = (transpose or arrays.transpose()).torch(dtype)
+        self.transpose_matrix = (arrays.transpose() if transpose is None else transpose).torch(dtype)
 
     def __matmul__(self, dense: torch.Tensor) -> torch.Tensor:
         return _SparseMatmul.apply(dense, self)
@@ -243,9 +243,14 @@ def build_operator(graph: ClientGraph, backbone: str, samples: list[np.ndarray] 
                    exchanged: bool) -> LayerOperator:
     """Operators for the sample ``samples[j]`` (sorted local indices of every client j), or for
     the full graph when ``samples`` is None. ``probability`` = p(u) of this client's sampled
-    nodes (None: 1). ``exchanged``: build the cross-client plan (False in centralized mode)."""
+    nodes (None: 1). ``exchanged``: build the cross-client plan (False in centralized mode).
+    The server (client id -1) gets only its plan's segment sizes: it holds no rows and runs no
+    model, it takes part in the sums (``Trainer._server_exchanges``)."""
     own = graph.client_id
     n_i = graph.num_nodes
+    if own < 0 and exchanged:
+        segments = graph.client_sizes if samples is None else [s.shape[0] for s in samples]
+        return _server_operator(np.asarray(segments, dtype=np.int64), dtype)
     if samples is None:
         rows = np.arange(n_i, dtype=np.int64)
         inner = graph.inner_arrays
@@ -279,9 +284,9 @@ def build_operator(graph: ClientGraph, backbone: str, samples: list[np.ndarray] 
                          as_col(self_scale), plan)
 
 
-def server_operator(segment_rows: np.ndarray) -> LayerOperator:
-    """The server's view of a step: no rows, only how many rows each client's segment has."""
-    empty = np.zeros(0, dtype=np.int64)
-    none = torch.zeros((0, 1))
-    return LayerOperator(empty, SparseOperator(sp.csr_matrix((0, 0)), torch.float32), none, none,
-                         none, CrossExchangePlan(None, np.asarray(segment_rows, np.int64), -1))
+def _server_operator(segment_rows: np.ndarray, dtype: torch.dtype) -> LayerOperator:
+    """No rows, an empty operator, and the exchange plan's segment sizes only."""
+    empty = torch.zeros((0, 1), dtype=dtype)
+    return LayerOperator(np.zeros(0, dtype=np.int64),
+                         SparseOperator(CSRArrays.of(sp.csr_matrix((0, 0))), dtype), empty, empty,
+                         empty, CrossExchangePlan(None, segment_rows, -1))

@@ -79,10 +79,8 @@ class RunDirectory:
     def start_fresh(self) -> None:
         """A new run in this directory (--force): no line or file of an earlier run may stay
         behind to be mistaken for this one's (metrics.jsonl used to be appended to)."""
-        self.reset_metrics(0)
         for name in OUTPUT_NAMES:
-            if name != "metrics.jsonl" and (self.path / name).exists():
-                (self.path / name).unlink()
+            (self.path / name).unlink(missing_ok=True)
 
     def reset_metrics(self, keep_through_epoch: int = 0) -> None:
         """Keep only the lines of epochs <= keep_through_epoch (resume), atomically."""

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from mpifgl.config import TrainConfig
-from mpifgl.graph import ClientGraph, LayerOperator, build_operator, server_operator
+from mpifgl.graph import ClientGraph, LayerOperator, build_operator
 from mpifgl.model import GNN, flat_grads, make_features, select_rows, set_flat_grads
 from mpifgl.optim import Adam
 from mpifgl.runlog import CHECKPOINT_NAME, RunDirectory
@@ -182,8 +182,6 @@ class Trainer:
         table = self.comm.allgather_counts(np.asarray([index.shape[0], train_rows]))
         by_rank = self.comm.allgather_index(index, table[:, 0])
         samples = by_rank[1:] if self.distributed else by_rank
-        if self.serves_no_nodes:
-            return server_operator(table[1:, 0]), int(table[:, 1].sum())
         operator = build_operator(self.graph, self.config.backbone, samples, probability,
                                   self.dtype, exchanged=self.distributed)
         return operator, int(table[:, 1].sum())
@@ -202,9 +200,12 @@ class Trainer:
         loss = F.cross_entropy(logits[train], self.y[operator.rows][train], reduction="sum")
         loss = loss / max(1, global_train_rows)
         loss.backward()
-        grads = flat_grads(self.model)
-        message = np.append(grads, np.asarray(float(loss.detach()), dtype=grads.dtype))
-        summed = self.comm.sum_to_all(message)
+        return self._sum_gradients_and_loss(flat_grads(self.model), float(loss.detach()))
+
+    def _sum_gradients_and_loss(self, grads: np.ndarray, loss: float) -> float:
+        """Phase 'gradient sum': one message of all gradients + the loss, summed over ranks; the
+        sums go into every parameter's .grad and the summed loss is returned."""
+        summed = self.comm.sum_to_all(np.append(grads, np.asarray(loss, dtype=grads.dtype)))
         set_flat_grads(self.model, summed[:-1])
         return float(summed[-1])
 
@@ -225,9 +226,7 @@ class Trainer:
     def _server_loss_and_gradients(self, segment_rows: np.ndarray) -> float:
         self._server_exchanges(segment_rows, backward=True)
         size = sum(p.numel() for p in self.model.parameters())
-        summed = self.comm.sum_to_all(np.zeros(size + 1, dtype=self.numpy_dtype))
-        set_flat_grads(self.model, summed[:-1])
-        return float(summed[-1])
+        return self._sum_gradients_and_loss(np.zeros(size, dtype=self.numpy_dtype), 0.0)
 
     def train_step(self) -> float:
         operator, global_train_rows = self.sample_operator()
