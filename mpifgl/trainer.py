@@ -57,11 +57,8 @@ class LocalComm:
     def gather_rows(self, row: np.ndarray) -> np.ndarray:
         return np.asarray(row, dtype=np.float64)[None, :]
 
-    def allgather_counts(self, counts: np.ndarray) -> np.ndarray:
-        return np.asarray(counts, dtype=np.int64)[None, :]
-
-    def allgather_index(self, index: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
-        return [index]
+    def allgather_rows(self, row: np.ndarray) -> np.ndarray:
+        return np.asarray(row, dtype=np.int64)[None, :]
 
     def gatherv_rows(self, rows: np.ndarray) -> list[np.ndarray]:
         return [rows]
@@ -165,6 +162,13 @@ class Trainer:
         n = int(self.graph.client_sizes.sum())
         return max(1, -(-n // int(self.draws_per_client.sum())))
 
+    def sample_capacity(self) -> int:
+        """The most nodes any client's sample can hold, the same on every rank: s_i draws give at
+        most s_i distinct nodes; another sampler (BNS-GCN) at most the largest client."""
+        if self.draws_per_client is not None:
+            return int(self.draws_per_client.max())
+        return int(self.graph.client_sizes.max())
+
     # -- one step -------------------------------------------------------------------------------
     def sample_operator(self) -> tuple[LayerOperator, int]:
         """Phase 'sample': this step's operator and the global count of training rows in it."""
@@ -179,8 +183,17 @@ class Trainer:
         index = sample.index if sample is not None else np.zeros(0, dtype=np.int64)
         probability = sample.probability if sample is not None else np.zeros(0)
         train_rows = int(self.graph.train_mask[index].sum())
-        table = self.comm.allgather_counts(np.asarray([index.shape[0], train_rows]))
-        by_rank = self.comm.allgather_index(index, table[:, 0])
+        # One Allgather of fixed-length rows [size, train rows, index, padding]: with 9 ranks on
+        # 2 cores an Allgatherv of the indices took 4.5-6 ms, an Allgather of small rows 0.7 ms.
+        capacity = self.sample_capacity()
+        if index.shape[0] > capacity:
+            raise ValueError(f"a sample of {index.shape[0]} nodes on client "
+                             f"{self.graph.client_id}, expected at most {capacity}")
+        packed = np.full(2 + capacity, -1, dtype=np.int64)
+        packed[:2] = index.shape[0], train_rows
+        packed[2:2 + index.shape[0]] = index
+        table = self.comm.allgather_rows(packed)
+        by_rank = [row[2:2 + row[0]] for row in table]
         samples = by_rank[1:] if self.distributed else by_rank
         operator = build_operator(self.graph, self.config.backbone, samples, probability,
                                   self.dtype, exchanged=self.distributed)
