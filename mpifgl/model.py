@@ -169,8 +169,9 @@ def dropout(z, p: float, rng: np.random.Generator):
         return z
     keep = rng.random(tuple(z.shape), dtype=np.float32) >= p
     # One multiply by a mask already in z's dtype holding 0 or 1/(1-p), which rounds exactly
-    # as z * 1 * (1/(1-p)): 0.07 ms for a 378 x 767 block where multiplying by the bool mask
-    # (a type promotion) took 2.2 ms and torch.where 0.9 ms.
+    # as z * 1 * (1/(1-p)): 0.14-0.15 ms for a 378 x 767 block, building the mask included,
+    # where multiplying by the bool mask (a type promotion) and scaling took 0.32-0.44 ms.
+    # The random draws themselves take 0.8 ms.
     mask = keep.astype(np.float64 if z.dtype == torch.float64 else np.float32)
     mask *= 1.0 / (1.0 - p)
     return z * torch.from_numpy(mask)

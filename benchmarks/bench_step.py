@@ -1,0 +1,124 @@
+"""CPU cost of one client's sampled training step, without MPI (the exchange returns zeros).
+
+    . .venv/bin/activate
+    python benchmarks/bench_step.py --shards reports/accuracy/shards/amazon-computers-8 \
+        [--client 0] [--steps 100] [--repeats 5]
+
+What one client rank computes per step of ``ours`` (label-guided sample of s = n/4 draws over
+all clients, 2-layer GCN, hidden 128, dropout 0.2), in one process on one torch thread: the
+phases of ``Trainer.train_step`` with the cross-client sums replaced by zeros of the right
+shape. Prints the best of ``--repeats`` means over ``--steps`` steps (process CPU time, the
+least disturbed by other load) and the phases' shares. Comparing commits: run it alternately
+from two checkouts (``python /path/to/checkout/benchmarks/bench_step.py ...``); this virtual
+machine's speed drifts by up to 30% within the hour. Asserts nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from mpifgl.config import TrainConfig  # noqa: E402
+from mpifgl.graph import ClientGraph, build_operator  # noqa: E402
+from mpifgl.model import flat_grads, select_rows, set_flat_grads  # noqa: E402
+from mpifgl.sampling import (NodeSampler, client_sample_sizes, group_counts,  # noqa: E402
+                             make_distribution, node_groups)
+from mpifgl.shards import read_manifest  # noqa: E402
+from mpifgl.trainer import LocalComm, Trainer  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shards", type=Path, required=True)
+    parser.add_argument("--client", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    manifest = read_manifest(str(args.shards))
+    if not 0 <= args.client < manifest.num_clients:
+        parser.error(f"--client {args.client}: expected 0..{manifest.num_clients - 1} "
+                     f"({args.shards / 'manifest.json'} lists {manifest.num_clients} clients)")
+    if args.steps < 1 or args.repeats < 1:
+        parser.error(f"--steps {args.steps} --repeats {args.repeats}: expected at least 1 each")
+    torch.set_num_threads(1)
+    graphs = [ClientGraph.for_rank(str(args.shards), manifest, j)
+              for j in range(manifest.num_clients)]
+    classes = manifest.num_classes
+    totals = sum(group_counts(node_groups(g.y, g.train_mask, classes), classes) for g in graphs)
+    sizes = graphs[0].client_sizes
+    draws = client_sample_sizes(sizes, round(int(sizes.sum()) / 4))
+    samplers = [NodeSampler(make_distribution("label", node_groups(g.y, g.train_mask, classes),
+                                              totals), int(draws[j]), np.random.default_rng(j))
+                for j, g in enumerate(graphs)]
+    graph = graphs[args.client]
+    trainer = Trainer(TrainConfig(shards=str(args.shards)), LocalComm(), graph, classes, None)
+
+    def zero_exchange(plan, send):
+        return torch.zeros((int(plan.segment_rows[plan.own_segment]), send.shape[1]),
+                           dtype=send.dtype)
+
+    phases: dict[str, float] = {}
+
+    def step() -> None:
+        clock = time.process_time()
+
+        def tick(name: str) -> None:
+            nonlocal clock
+            now = time.process_time()
+            phases[name] = phases.get(name, 0.0) + now - clock
+            clock = now
+
+        samples = [s.sample() for s in samplers]
+        tick("sample (own only counted below)")
+        operator = build_operator(graph, "gcn", [s.index for s in samples],
+                                  samples[args.client].probability, trainer.dtype, exchanged=True)
+        tick("build operator")
+        trainer.model.train()
+        trainer.optimizer.zero_grad(set_to_none=False)
+        x = select_rows(trainer.x, operator.rows)
+        tick("gather rows")
+        logits = trainer.model(x, operator, zero_exchange, trainer.dropout_rng)
+        tick("forward")
+        train = torch.from_numpy(graph.train_mask[operator.rows])
+        loss = F.cross_entropy(logits[train], trainer.y[operator.rows][train], reduction="sum")
+        tick("loss")
+        loss.backward()
+        tick("backward")
+        set_flat_grads(trainer.model, flat_grads(trainer.model))
+        tick("flatten gradients")
+        trainer.optimizer.step()
+        tick("optimizer")
+
+    for _ in range(10):
+        step()
+    best = float("inf")
+    for _ in range(args.repeats):
+        phases.clear()
+        start = time.process_time()
+        for _ in range(args.steps):
+            step()
+        best = min(best, (time.process_time() - start) / args.steps)
+    own_share = 1.0 / manifest.num_clients
+    sample_key = "sample (own only counted below)"
+    phases[sample_key] *= own_share  # the other clients' draws run on their own ranks
+    total = sum(phases.values())
+    print(f"{manifest.dataset}, client {args.client}: {graph.num_nodes} nodes, "
+          f"{int(draws[args.client])} draws per step; one torch thread")
+    print(f"best of {args.repeats} x {args.steps} steps: {1000 * best:.2f} ms per step "
+          f"(all clients' sampling included); phases of the last repeat, own sampling only:")
+    for name, seconds in phases.items():
+        print(f"  {name.replace(' (own only counted below)', ''):18s} "
+              f"{1000 * seconds / args.steps:7.3f} ms  {100 * seconds / total:5.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
