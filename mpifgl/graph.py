@@ -32,6 +32,11 @@ try:  # the kernel behind scipy's csr_matrix @ dense, without its per-call Pytho
 except ImportError:  # a scipy that moved it: the public (slower) route still works
     _csr_matvecs = None
 
+def numpy_dtype(dtype: torch.dtype) -> type:
+    """The numpy float type of one of the program's torch float types (float32 or float64)."""
+    return np.float64 if dtype == torch.float64 else np.float32
+
+
 # torch marks sparse CSR as beta; we only use CSR @ dense, which is stable.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
@@ -167,9 +172,8 @@ class CSRArrays:
         return CSRArrays(indptr, row_of[order], self.data[order], (cols, rows))
 
     def with_dtype(self, dtype: torch.dtype) -> "CSRArrays":
-        numpy_dtype = np.float64 if dtype == torch.float64 else np.float32
         return CSRArrays(np.asarray(self.indptr, np.int64), np.asarray(self.indices, np.int64),
-                         np.asarray(self.data, dtype=numpy_dtype), self.shape)
+                         np.asarray(self.data, dtype=numpy_dtype(dtype)), self.shape)
 
     def matmul(self, dense: np.ndarray) -> np.ndarray:
         """self @ dense for a 2-D array of the data's dtype, by scipy's CSR kernel. Called on a
@@ -320,6 +324,7 @@ def build_operator(graph: ClientGraph, backbone: str, samples: list[np.ndarray] 
 def _server_operator(segment_rows: np.ndarray, dtype: torch.dtype) -> LayerOperator:
     """No rows, an empty operator, and the exchange plan's segment sizes only."""
     empty = torch.zeros((0, 1), dtype=dtype)
-    return LayerOperator(np.zeros(0, dtype=np.int64),
-                         SparseOperator(CSRArrays.of(sp.csr_matrix((0, 0))), dtype), empty, empty,
-                         empty, CrossExchangePlan(None, segment_rows, -1))
+    no_rows = np.zeros(0, dtype=np.int64)
+    inner = CSRArrays(np.zeros(1, dtype=np.int64), no_rows, np.zeros(0), (0, 0))
+    return LayerOperator(no_rows, SparseOperator(inner, dtype), empty, empty, empty,
+                         CrossExchangePlan(None, segment_rows, -1))

@@ -15,7 +15,7 @@ import scipy.sparse as sp
 import torch
 from torch import nn
 
-from mpifgl.graph import CrossExchangePlan, LayerOperator
+from mpifgl.graph import CrossExchangePlan, LayerOperator, numpy_dtype
 
 # (plan, send buffer [n_S, d]) -> this client's summed segment [|S_i|, d]
 ExchangeFn = Callable[[CrossExchangePlan, torch.Tensor], torch.Tensor]
@@ -98,8 +98,7 @@ def select_rows(features, rows: np.ndarray):
 def make_features(x: np.ndarray, dtype: torch.dtype, feature_format: str = "auto",
                   max_density: float = 0.1):
     """Dense tensor, or SparseFeatures when the matrix is sparse enough to pay off."""
-    numpy_dtype = np.float64 if dtype == torch.float64 else np.float32
-    x = np.asarray(x, dtype=numpy_dtype)
+    x = np.asarray(x, dtype=numpy_dtype(dtype))
     density = np.count_nonzero(x) / max(1, x.size)
     if feature_format == "sparse" or (feature_format == "auto" and density <= max_density):
         return SparseFeatures(sp.csr_matrix(x), dtype)
@@ -172,7 +171,7 @@ def dropout(z, p: float, rng: np.random.Generator):
     # as z * 1 * (1/(1-p)): 0.14-0.15 ms for a 378 x 767 block, building the mask included,
     # where multiplying by the bool mask (a type promotion) and scaling took 0.32-0.44 ms.
     # The random draws themselves take 0.8 ms.
-    mask = keep.astype(np.float64 if z.dtype == torch.float64 else np.float32)
+    mask = keep.astype(numpy_dtype(z.dtype))
     mask *= 1.0 / (1.0 - p)
     return z * torch.from_numpy(mask)
 

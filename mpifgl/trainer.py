@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from mpifgl.config import TrainConfig
-from mpifgl.graph import ClientGraph, LayerOperator, build_operator
+from mpifgl.graph import ClientGraph, LayerOperator, build_operator, numpy_dtype
 from mpifgl.model import GNN, flat_grads, make_features, select_rows, set_flat_grads
 from mpifgl.optim import Adam
 from mpifgl.runlog import CHECKPOINT_NAME, RunDirectory
@@ -104,7 +104,7 @@ class Trainer:
         # The server of a distributed run: it takes part in every collective, computes nothing.
         self.serves_no_nodes = self.distributed and graph.client_id < 0
         self.dtype = torch.float64 if config.dtype == "float64" else torch.float32
-        self.numpy_dtype = np.float64 if config.dtype == "float64" else np.float32
+        self.numpy_dtype = numpy_dtype(self.dtype)
         self.x = make_features(graph.x, self.dtype, config.feature_format)
         self.y = torch.from_numpy(np.asarray(graph.y, dtype=np.int64))
         self.masks = {"train": graph.train_mask, "val": graph.val_mask, "test": graph.test_mask}
