@@ -73,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="scratch for copies of raw folders (default: env MPIFGL_CACHE, "
                              "else ~/.cache/mpifgl)")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--quiet", action="store_true",
+                        help="print nothing on success (no progress, no summary, no loader "
+                             "chatter); errors are still printed")
     skew = parser.add_argument_group("label-skew partition")
     add_dataclass_flags(skew, PartitionConfig, "", only=("favoured_classes", "skew_factor"))
     syn = parser.add_argument_group("synthetic dataset (--dataset synthetic)")
@@ -120,7 +122,8 @@ def _prepare(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     config = config_from_args(args)
     result = run_prep(config)
-    print(format_summary(result))
+    if not args.quiet:
+        print(format_summary(result))
     return 0
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from mpifgl import shards as shard_format
 
-from .config import PartitionConfig, PrepConfig, SyntheticConfig, default_cache_dir
+from .config import PartitionConfig, PrepConfig, SyntheticConfig
 from .datasets import load_dataset, normalise_dataset_name
 from .partition import partition_nodes
 from .progress import Progress, peak_rss_mb
@@ -62,11 +62,6 @@ def run_prep(config: PrepConfig, progress: Progress | None = None) -> PrepResult
     return PrepResult(manifest, out, time.perf_counter() - start, peak_rss_mb())
 
 
-def default_shard_dir(dataset: str, num_clients: int, partition: str, seed: int) -> Path:
-    name = normalise_dataset_name(dataset)
-    return default_cache_dir() / "shards" / f"{name}-{partition}-{num_clients}clients-seed{seed}"
-
-
 _SYN_PREFIX = "syn_"
 
 
@@ -94,7 +89,8 @@ def config_from_options(dataset: str, num_clients: int, partition: str, seed: in
                          f"skew_factor, download, cache_dir, show_progress, synthetic, "
                          + ", ".join(_SYN_PREFIX + f for f in sorted(syn_fields)))
     if out is None:
-        out = default_shard_dir(dataset, num_clients, partition, seed)
+        out = shard_format.default_shard_dir(normalise_dataset_name(dataset), num_clients,
+                                             partition, seed)
     if plain.get("cache_dir") is not None:
         plain["cache_dir"] = Path(plain["cache_dir"])
     return PrepConfig(dataset=dataset, num_clients=num_clients, out=Path(out),
@@ -108,10 +104,12 @@ def prepare_shards(dataset: str, num_clients: int, partition: str = "random", se
                    force: bool = False, **options: Any) -> dict[str, Any]:
     """Make sure ``out`` holds verified shards for this request and return their manifest.
 
-    ``out`` defaults to ``$MPIFGL_CACHE/shards/<dataset>-<partition>-<M>clients-seed<S>``. If
-    ``out`` already holds shards written for the same request and they verify, nothing is
-    written. If it holds something else, FileExistsError unless ``force=True`` (then it is
-    replaced, atomically). ``options``: see ``config_from_options``."""
+    ``out`` defaults to ``shards/<dataset>-<partition>-m<M>-s<S>`` in the working directory
+    (``mpifgl.shards.default_shard_dir``). If ``out`` already holds shards written for the same
+    request and they verify, nothing is written. If it holds something else, FileExistsError
+    unless ``force=True`` (then it is replaced, atomically). Two processes preparing the same
+    shards at once: the loser checks the winner's manifest and returns it. ``options``: see
+    ``config_from_options``."""
     config = config_from_options(dataset, num_clients, partition, seed, data_root, out, force,
                                  options)
     config.validate()
@@ -122,7 +120,13 @@ def prepare_shards(dataset: str, num_clients: int, partition: str = "random", se
             return existing
         raise FileExistsError(f"{target} exists but does not hold verified shards for "
                               f"{request_record(config)}; pass force=True to replace it")
-    return run_prep(config).manifest
+    try:
+        return run_prep(config).manifest
+    except OSError:  # FileExistsError, or ENOTEMPTY from the final rename
+        winner = None if force else _matching_manifest(target, request_record(config))
+        if winner is None:
+            raise
+        return winner  # another process prepared the same shards meanwhile
 
 
 def _matching_manifest(target: Path, request: dict[str, Any]) -> dict[str, Any] | None:

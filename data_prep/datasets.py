@@ -2,12 +2,14 @@
 
 Raw files are never processed in place: PyG and OGB write ``processed/`` next to ``raw/``, so the
 needed raw folders are copied into a fresh temporary directory under the cache dir (env
-MPIFGL_CACHE, default ~/.cache/mpifgl) and loaded from there. Missing raw files are detected here,
+MPIFGL_CACHE, default ~/.cache/mpifgl) and loaded from there; it is named after its owner
+(``<dataset>-<host>-<pid>-<random>``), so the copies of a killed run are removed by the next. Missing raw files are detected here,
 before any loader runs, so an offline machine gets a clear message instead of a network error;
 downloading happens only with ``download=True`` (``--download``)."""
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shutil
 import sys
@@ -15,6 +17,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
+
+from mpifgl.ownership import owner_tag, remove_dead_owners
 
 from .config import PrepConfig, SyntheticConfig, default_cache_dir
 from .graph import GraphData, seed_stream, stratified_split, undirected_adjacency
@@ -189,8 +193,12 @@ def load_dataset(config: PrepConfig, progress: Progress) -> GraphData:
                 _allow_ogb_download_without_prompt()
                 _run_loader(spec, data_root, name)
         check_raw_files(spec, data_root)
-    with tempfile.TemporaryDirectory(prefix=f"{name}-", dir=scratch_parent(config.cache_dir)) \
-            as scratch:
+    copies = scratch_parent(config.cache_dir)
+    remove_dead_owners(copies, f"{name}-")
+    # The loaders chat on stdout and stderr (PyG's "Processing... Done!"): to stderr, or
+    # nowhere with --quiet.
+    chatter = sys.stderr if config.show_progress else io.StringIO()
+    with tempfile.TemporaryDirectory(prefix=f"{name}-{owner_tag()}-", dir=copies) as scratch:
         with progress.step(f"loading {name} from {data_root} (copy in {scratch})"):
             scratch_root = Path(scratch)
             for rel in spec.copy_dirs:
@@ -199,7 +207,7 @@ def load_dataset(config: PrepConfig, progress: Progress) -> GraphData:
                 rel = Path(spec.raw_files[-1])
                 shutil.copy2(data_root / rel, scratch_root / rel)
             try:
-                with contextlib.redirect_stdout(sys.stderr):  # loaders chat on stdout
+                with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
                     arrays = _run_loader(spec, scratch_root, name)
             except (KeyboardInterrupt, SystemExit, MemoryError):
                 raise

@@ -3,7 +3,9 @@
 Shards and manifest go to a hidden temporary directory next to the target; it is verified and
 only then renamed into place. With ``force`` the old directory is moved aside first and removed
 only after the rename succeeded. Any failure (error, KeyboardInterrupt, full disk) removes the
-temporary directory and leaves an existing target untouched."""
+temporary directory and leaves an existing target untouched. The temporary directories carry
+their owner (``.<name>.partial-<host>-<pid>-<random>``): those of a killed process (kill -9)
+are removed by the next run writing next to them."""
 from __future__ import annotations
 
 import json
@@ -17,6 +19,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from mpifgl import shards as shard_format
+from mpifgl.ownership import owner_tag, remove_dead_owners
 
 from .graph import GraphData
 from .partition import Partition
@@ -147,7 +150,10 @@ def write_shard_directory(graph: GraphData, partition: Partition, target: Path, 
 
     target = Path(target)
     check_output_target(target, force)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    for kind in ("partial", "old"):  # left by a killed run
+        remove_dead_owners(target.parent, f".{target.name}.{kind}-")
+    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-{owner_tag()}-",
+                                    dir=target.parent))
     try:
         manifest = write_shards(graph, partition, scratch, manifest_extra, seed, progress)
         report = verify_shard_dir(scratch, progress=progress)
@@ -166,7 +172,7 @@ def _install(scratch: Path, target: Path, force: bool) -> None:
         os.rename(scratch, target)
         return
     check_output_target(target, force)  # re-check: something may have appeared meanwhile
-    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-{owner_tag()}-", dir=target.parent))
     os.rmdir(old)
     os.rename(target, old)
     try:

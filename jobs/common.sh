@@ -132,6 +132,18 @@ check_data_prep_vars() {
   fi
 }
 
+# default_shard_dir SEEDVAR: print the default shard directory for DATASET, PARTITION,
+# NUM_CLIENTS and the seed in the variable SEEDVAR, relative to the repository root. Python
+# computes it (mpifgl.shards.default_shard_dir), so data_prep, mpifgl.train and the scripts share
+# one name (after check_venv).
+default_shard_dir() {
+  (cd "$MPIFGL_HOME" && "$PYTHON" -c 'import sys
+from mpifgl.shards import default_shard_dir
+print(default_shard_dir(sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])))' \
+    "$DATASET" "$NUM_CLIENTS" "$PARTITION" "${!1}") \
+    || die "cannot compute the default SHARD_DIR with $PYTHON; set SHARD_DIR"
+}
+
 # data_prep_argv SEEDVAR: fill the array DATA_PREP_ARGV with the data_prep command (after
 # check_data_prep_vars and check_venv).
 data_prep_argv() {

@@ -32,6 +32,7 @@ os.environ.setdefault("OMPI_MCA_coll_libnbc_ibcast_algorithm", "linear")
 from mpi4py import MPI  # noqa: E402
 
 SERVER_RANK = 0
+ABORT_PAUSE_SECONDS = 0.2
 
 
 def client_of_rank(rank: int) -> int:
@@ -189,10 +190,12 @@ class Communicator:
     def scatter_objects(self, values: list[Any] | None) -> Any:
         return self.comm.scatter(values, root=SERVER_RANK)
 
-    def agree_on_errors(self, error: str | None) -> list[tuple[int, str]]:
-        """Every rank learns every rank's set-up error, so all of them stop together."""
+    def agree_on_errors(self, error: str | None) -> list[tuple[int, int, str]]:
+        """Every rank learns every rank's set-up error (rank, client id, message), so all of
+        them stop together."""
         errors = self.comm.allgather(error)
-        return [(rank, message) for rank, message in enumerate(errors) if message]
+        return [(rank, client_of_rank(rank), message) for rank, message in enumerate(errors)
+                if message]
 
     def wait_for_server(self, poll_seconds: float = 0.05) -> None:
         """A barrier that sleeps instead of spinning, so waiting clients leave the CPU to the
@@ -202,9 +205,12 @@ class Communicator:
             time.sleep(poll_seconds)
 
     def abort(self, code: int = 1) -> None:
-        """End the whole job from one rank (an exception must not leave the others hanging)."""
+        """End the whole job from one rank (an exception must not leave the others hanging).
+        The pause lets the launcher forward this rank's last message before Open MPI's own
+        abort banner, which MPI_Abort always prints."""
         sys.stdout.flush()
         sys.stderr.flush()
+        time.sleep(ABORT_PAUSE_SECONDS)
         self.comm.Abort(code)
 
 

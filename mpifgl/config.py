@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import json
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, get_type_hints
 
 ALGOS = ("ours", "centralized", "graphsage", "graphsaint", "fedavg", "fedavg-nc", "bns")
@@ -86,6 +87,8 @@ class TrainConfig:
     checkpoint_every: int = _opt(0, "write an atomic checkpoint every K epochs (0: never)")
     resume: str = _opt("", "resume the run in this run directory from its last checkpoint")
     log_every: int = _opt(1, "print one line every this many epochs on rank 0")
+    verbose: bool = _opt(False, "print the Python traceback with an error message (without it: "
+                                "one line naming the rank, the file and the reason)")
 
     def validate(self) -> None:
         """Raise ValueError naming the flag, the value found and the value expected."""
@@ -101,7 +104,8 @@ class TrainConfig:
         need(0.0 <= self.dropout < 1.0, "dropout", self.dropout, "a probability in [0, 1)")
         need(self.lr > 0, "lr", self.lr, "a positive number")
         need(self.weight_decay >= 0, "weight-decay", self.weight_decay, "a number >= 0")
-        need(self.epochs >= 0, "epochs", self.epochs, "an integer >= 0")
+        need(self.epochs >= 1, "epochs", self.epochs, "an integer >= 1 (a run trains at least "
+             "one epoch; its final.json would otherwise report an untrained model)")
         need(self.sample_size >= 0, "sample-size", self.sample_size, "an integer >= 0")
         need(self.steps_per_epoch >= 0, "steps-per-epoch", self.steps_per_epoch,
              "an integer >= 1, or 0 for one pass over the nodes per epoch")
@@ -166,7 +170,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Flags a resumed run may change: they alter how long it runs and what it writes, not the math.
 RESUME_OVERRIDABLE = ("epochs", "eval_every", "log_every", "checkpoint_every", "save_logits",
-                      "resume", "out", "force")
+                      "resume", "out", "force", "verbose")
+# Flags naming files: saved resolved (absolute), compared resolved, so a resume works from any
+# working directory and accepts the same directory spelled differently.
+PATH_FLAGS = ("shards", "data_root")
+
+
+def resolved_path(value: str) -> str:
+    """An absolute path with symlinks resolved; empty stays empty (the flag's default)."""
+    return str(Path(value).resolve()) if value else value
 
 
 def explicit_flags(argv: list[str] | None) -> set[str]:
@@ -181,6 +193,7 @@ def explicit_flags(argv: list[str] | None) -> set[str]:
 def resumed_config(saved: dict[str, Any], given: TrainConfig, explicit: set[str]) -> TrainConfig:
     """The saved config of the run being resumed, with the few flags a resume may change."""
     config = TrainConfig.from_dict(saved)
+    given = given.replace(**{name: resolved_path(getattr(given, name)) for name in PATH_FLAGS})
     changed = sorted(name for name in explicit - set(RESUME_OVERRIDABLE)
                      if getattr(given, name) != getattr(config, name))
     if changed:

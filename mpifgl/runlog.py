@@ -6,72 +6,258 @@
     model.pt        plain state_dict of the final model (keys name the layers in order)
     logits.npy      [num_nodes, num_classes] in global node order (--save-logits)
     checkpoint.pt   last checkpoint (--checkpoint-every), written atomically
+    .lock           held while a run uses the directory (host, pid, start; see RunLock)
 
-Every file is written to a temporary name in the same directory and renamed into place, so a
-crash leaves the previous good version.
+Every file is written to a temporary name in the same directory, flushed to disk, renamed into
+place and the directory flushed too, so a crash or a failed write leaves the previous good
+version. All run files get the same mode (0666 less the umask).
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
+from mpifgl.ownership import owner_is_dead, this_owner
+
 CHECKPOINT_NAME = "checkpoint.pt"
+LOCK_NAME = ".lock"
 OUTPUT_NAMES = ("config.json", "metrics.jsonl", "final.json", "model.pt", "logits.npy",
                 CHECKPOINT_NAME)
 
 
-def atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp_path)`` then rename onto ``path``; the temp file is removed on failure."""
-    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(handle)
+class RunDirError(ValueError):
+    """The run directory cannot be used (taken, holds another run, cannot be created)."""
+
+
+def file_mode() -> int:
+    """The mode a plain ``open(path, "w")`` gives a new file: 0666 less the umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a rename or a new entry in ``directory`` durable (no-op where unsupported)."""
     try:
+        handle = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(handle)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(handle)
+
+
+def atomic_write(path: Path, write: Callable[[str], None]) -> None:
+    """Call ``write(tmp_path)``, flush the file to disk, rename it onto ``path`` and flush the
+    directory. On any failure the temp file is removed and ``path`` keeps its old content."""
+    path = Path(path)
+    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(handle, file_mode())
+        os.close(handle)
+        handle = -1
         write(tmp)
+        with open(tmp, "rb") as written:
+            os.fsync(written.fileno())
         os.replace(tmp, path)
     except BaseException:
+        if handle >= 0:
+            os.close(handle)
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    fsync_directory(path.parent)
 
 
-def check_run_dir_writable(run_dir: str | os.PathLike, force: bool, resume: bool) -> str | None:
-    """Why ``run_dir`` cannot be used, or None. Never loses an earlier run's files."""
-    path = Path(run_dir)
-    if resume:
-        if not (path / CHECKPOINT_NAME).is_file():
-            return (f"--resume {path}: no {CHECKPOINT_NAME} there (run with --checkpoint-every K "
-                    f"to write one)")
+class RunLock:
+    """``RUN/.lock``: taken by exactly one run, before it writes anything, for its whole life.
+
+    Taking it: the owner record (host, pid, start time, SLURM job) is written to a temp file
+    and hard-linked to ``.lock`` (atomic and exclusive, also on NFS), then held with ``flock``
+    where the file system supports it. An existing lock is stale, and removed, only when its
+    owner is certainly dead (same host, pid gone or reused: ``mpifgl.ownership``) and nobody
+    holds its flock. A lock from another host is never broken automatically: the refusal names
+    it and says how to remove it (docs/reliability.md)."""
+
+    def __init__(self, directory: Path):
+        self.path = Path(directory) / LOCK_NAME
+        self.handle: int | None = None
+
+    def acquire(self) -> None:
+        record = json.dumps(this_owner(), sort_keys=True) + "\n"
+        for _ in range(3):  # after removing a stale lock, link again
+            handle, tmp = tempfile.mkstemp(prefix=".lock.", suffix=".tmp", dir=self.path.parent)
+            try:
+                os.fchmod(handle, file_mode())
+                os.write(handle, record.encode())
+                os.fsync(handle)
+                os.link(tmp, self.path)
+            except FileExistsError:
+                self._remove_if_stale()
+                continue
+            finally:
+                os.close(handle)
+                os.unlink(tmp)
+            self.handle = os.open(self.path, os.O_RDONLY)
+            _flock(self.handle, blocking=True)
+            fsync_directory(self.path.parent)
+            return
+        raise RunDirError(f"{self.path}: could not take the lock: another run took it again "
+                          f"each time a stale one was removed")
+
+    def _remove_if_stale(self) -> None:
+        try:
+            handle = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return  # released meanwhile: link again
+        try:
+            try:
+                owner = json.loads(os.read(handle, 1 << 16).decode())
+            except ValueError:
+                owner = {}
+            dead = owner_is_dead(str(owner.get("host", "")), int(owner.get("pid", -1)),
+                                 owner.get("start_ticks"))
+            # still the same file (not a fresh lock linked meanwhile), and nobody flocks it
+            if dead and _flock(handle, blocking=False) and \
+                    os.fstat(handle).st_ino == _inode(self.path):
+                self.path.unlink(missing_ok=True)
+                return
+        finally:
+            os.close(handle)
+        if dead:
+            return  # replaced meanwhile: look again
+        who = (f"pid {owner.get('pid')} on host {owner.get('host')}, started "
+               f"{owner.get('started')}" + (f", SLURM job {owner['slurm_job']}"
+                                            if owner.get("slurm_job") else "")
+               if owner else "its lock file is unreadable")
+        local = owner.get("host") == this_owner()["host"]
+        advice = ("" if local else f". If that run has ended (it ran on another host, so this "
+                  f"cannot be checked here), remove {self.path} and start again")
+        raise RunDirError(f"--out {self.path.parent} is in use by another run ({who}){advice}")
+
+    def release(self) -> None:
+        if self.handle is None:
+            return
+        self.path.unlink(missing_ok=True)
+        os.close(self.handle)
+        self.handle = None
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
         return None
-    if path.exists() and not path.is_dir():
-        return f"--out {path} exists and is not a directory"
+
+
+def _flock(handle: int, blocking: bool) -> bool:
+    """Take an exclusive flock; False if another process holds one. True where the file
+    system has no flock (NFS without lock support): the pid check then decides alone."""
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except OSError as exc:
+        return exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN)
+    return True
+
+
+def default_run_dir(dataset: str, algo: str) -> Path:
+    """``runs/<dataset>-<algo>-<date>-<time>.<microseconds>-<SLURM job or pid>``: two runs
+    started in the same second (array tasks) get different names; ``claim_run_dir(...,
+    exclusive=True)`` refuses a name that exists anyway."""
+    now = time.time()
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now)) + f".{int(now % 1 * 1e6):06d}"
+    job = os.environ.get("SLURM_JOB_ID")
+    owner = (f"j{job}" + (f"_{os.environ['SLURM_ARRAY_TASK_ID']}"
+                          if os.environ.get("SLURM_ARRAY_TASK_ID") else "")
+             if job else f"p{os.getpid()}")
+    return Path("runs") / f"{dataset}-{algo}-{stamp}-{owner}"
+
+
+def claim_run_dir(run_dir: str | os.PathLike, force: bool, resume: bool,
+                  exclusive: bool = False) -> "RunDirectory":
+    """Create (or open) the run directory and take its lock, before anything is written.
+
+    Raises RunDirError naming the path and the reason: it cannot be created (the OS's reason),
+    another run holds it, or it holds an earlier run and neither --force nor --resume is given.
+    ``exclusive``: the directory must not exist yet (default run directory names)."""
+    path = Path(os.path.abspath(run_dir))
+    flag = "--resume" if resume else "--out"
+    if resume and not (path / CHECKPOINT_NAME).is_file():
+        raise RunDirError(f"--resume {path}: no {CHECKPOINT_NAME} there (run with "
+                          f"--checkpoint-every K to write one)")
+    created = False
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir()
+            created = True
+        except FileExistsError:
+            if exclusive or not path.is_dir():
+                raise
+        fsync_directory(path.parent)
+        lock = RunLock(path)
+        lock.acquire()
+    except RunDirError:
+        raise
+    except OSError as exc:
+        if created:
+            path.rmdir()
+        culprit = Path(exc.filename) if exc.filename else path
+        if isinstance(exc, FileExistsError) and not culprit.is_dir():
+            reason = f"{culprit} is a file, not a directory"
+        else:
+            reason = f"{exc.strerror or exc}: {culprit}"
+        raise RunDirError(f"{flag} {path}: cannot create the run directory ({reason})") from None
     existing = [name for name in OUTPUT_NAMES if (path / name).exists()]
-    if existing and not force:
-        return (f"--out {path} already holds a run ({', '.join(existing)}); choose a new "
-                f"directory, pass --force to overwrite, or --resume {path}")
-    parent = path if path.exists() else path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not os.access(parent, os.W_OK):
-        return f"--out {path}: directory {parent} is not writable"
-    return None
+    if existing and not (force or resume):
+        lock.release()
+        raise RunDirError(f"--out {path} already holds a run ({', '.join(existing)}); choose a "
+                          f"new directory, pass --force to overwrite, or --resume {path}")
+    return RunDirectory(path, lock, created)
 
 
 class RunDirectory:
-    def __init__(self, path: str | os.PathLike):
+    """A claimed run directory (``claim_run_dir``); ``release()`` when the run ends."""
+
+    def __init__(self, path: str | os.PathLike, lock: RunLock | None = None,
+                 created: bool = False):
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.lock = lock
+        self.created = created  # by this run: removed again by abandon() while still empty
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+
+    def abandon(self) -> None:
+        """Release after a set-up error: a directory this run created and left empty goes."""
+        self.release()
+        if self.created:
+            try:
+                self.path.rmdir()
+            except OSError:
+                pass  # not empty: keep what is there
 
     def write_json(self, name: str, payload: dict[str, Any]) -> None:
         text = json.dumps(payload, indent=2, sort_keys=True) + "\n"
         atomic_write(self.path / name, lambda tmp: Path(tmp).write_text(text))
 
     def append_metrics(self, record: dict[str, Any]) -> None:
-        with open(self.path / "metrics.jsonl", "a") as handle:
+        path = self.path / "metrics.jsonl"
+        with open(path, "a") as handle:
             handle.write(json.dumps(record, sort_keys=True) + "\n")
             handle.flush()
             os.fsync(handle.fileno())

@@ -2,35 +2,70 @@
 
 It only sequences the run: parse and validate the config, resolve the shards (preparing the
 default dataset's if none are given), check every input on every rank before the first training
-collective, build the rank's graph, train, write outputs. Errors in set-up end all ranks with one
-message from rank 0; an exception later aborts the whole job instead of leaving ranks hanging.
+collective, take the run directory, build the rank's graph, train, write outputs.
+
+Failures (mpifgl.failures, docs/reliability.md): set-up findings are agreed on by every rank and
+reported once by rank 0; any other exception on any rank, from MPI start to the last write, is
+printed by that rank as one line (``--verbose``: with the traceback) and aborts the whole job.
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
 import time
+import traceback
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from mpifgl.algorithms import get_algorithm
-from mpifgl.config import TrainConfig, build_parser, explicit_flags, resumed_config
+from mpifgl.config import TrainConfig, build_parser, explicit_flags, resolved_path, resumed_config
+from mpifgl.failures import (Interrupted, SetupError, agree, describe, exit_status,
+                             install_signal_handlers, rank_label)
 from mpifgl.graph import ClientGraph
-from mpifgl.runlog import RunDirectory, check_run_dir_writable, load_checkpoint
-from mpifgl.shards import (ShardError, check_shard_against_manifest, file_sha256,
-                           load_client_shard, read_manifest, shard_filename)
+from mpifgl.runlog import (CHECKPOINT_NAME, RunDirectory, claim_run_dir, default_run_dir,
+                           load_checkpoint)
+from mpifgl.shards import (ShardError, check_shard_against_manifest, default_shard_dir,
+                           file_sha256, load_client_shard, read_manifest, shard_filename)
 from mpifgl.trainer import LocalComm, Trainer
 
 log = logging.getLogger("mpifgl")
+PROG = "mpifgl.train"
 USAGE_ERROR, INPUT_ERROR = 2, 1
+INTERRUPT_REPORT_STAGGER = 1.0  # seconds per rank before an interrupted rank reports
 
 
-class SetupError(Exception):
-    """A user-facing problem found before training starts."""
+@dataclass
+class RankProgress:
+    """How far this rank got: what a failure report says besides the error itself."""
+
+    config: TrainConfig
+    phase: str = "during set-up"
+    trainer: Trainer | None = None
+    run_dir: RunDirectory | None = None
+
+    def where(self) -> str:
+        if self.trainer is None:
+            return self.phase
+        epoch = self.trainer.state.epoch
+        if epoch >= self.trainer.config.epochs:
+            return "while writing the final outputs"
+        return f"in epoch {epoch + 1} of {self.trainer.config.epochs}"
+
+    def resume_hint(self, size: int) -> str:
+        """What is kept and how to continue, for a run that has started training."""
+        if self.trainer is None or not self.trainer.config.out:
+            return ""
+        out = self.trainer.config.out
+        launch = f"mpirun -n {size} " if size > 1 else ""
+        if (Path(out) / CHECKPOINT_NAME).is_file():
+            return (f"; files kept in {out}; continue from its last checkpoint with: "
+                    f"{launch}python -m {PROG} --resume {out}")
+        return (f"; files kept in {out}, but it holds no checkpoint to --resume from (pass "
+                f"--checkpoint-every K to write one)")
 
 
 def setup_logging(role: str, verbose: bool) -> None:
@@ -72,14 +107,6 @@ def parse_args(argv: list[str] | None, quiet: bool) -> TrainConfig:
     return config
 
 
-def default_shard_dir(config: TrainConfig, num_clients: int) -> Path:
-    return Path("shards") / f"{config.dataset}-{num_clients}clients-random-seed0"
-
-
-def default_run_dir(config: TrainConfig, dataset: str) -> str:
-    return str(Path("runs") / f"{dataset}-{config.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
-
-
 def prepare_default_shards(config: TrainConfig, shard_dir: Path, num_clients: int) -> None:
     from data_prep.api import prepare_shards  # only the default run needs data_prep
     log.warning("no --shards given: preparing %s with %d clients in %s (once)", config.dataset,
@@ -91,18 +118,16 @@ def resolve_shards(config: TrainConfig, comm: Any, num_clients: int) -> TrainCon
     """The shard directory every rank will read; the server prepares the default one if needed."""
     if config.shards:
         return config
-    shard_dir = default_shard_dir(config, num_clients)
-    error = None
-    if comm.is_server and not (shard_dir / "manifest.json").is_file():
+    shard_dir = default_shard_dir(config.dataset, num_clients)
+
+    def prepare() -> None:
         try:
-            prepare_default_shards(config, shard_dir, num_clients)
-        except Exception as exc:  # reported to every rank below
-            error = f"preparing default shards in {shard_dir} failed: {exc}"
-    if hasattr(comm, "wait_for_server"):
-        comm.wait_for_server()
-    error = comm.broadcast_object(error)
-    if error:
-        raise SetupError(error)
+            if comm.is_server and not (shard_dir / "manifest.json").is_file():
+                prepare_default_shards(config, shard_dir, num_clients)
+        finally:  # clients sleep in this barrier while the server prepares, failing or not
+            if not isinstance(comm, LocalComm):
+                comm.wait_for_server()
+    agree(comm, prepare)
     return config.replace(shards=str(shard_dir))
 
 
@@ -132,48 +157,57 @@ def load_checked_shard(config: TrainConfig, manifest, client_id: int):
     return shard
 
 
-def set_up(config: TrainConfig, comm: Any,
+def check_world_size(comm: Any, manifest, shards: str) -> None:
+    if not isinstance(comm, LocalComm) and comm.size != manifest.num_clients + 1:
+        raise SetupError(f"world size {comm.size} != 1 server + {manifest.num_clients} clients "
+                         f"(manifest {Path(shards) / 'manifest.json'}); launch with "
+                         f"mpirun -n {manifest.num_clients + 1}")
+
+
+def set_up(config: TrainConfig, comm: Any, progress: RankProgress,
            explicit: set[str] = frozenset()) -> tuple["Trainer", TrainConfig]:
-    """Everything before the first training collective. Raises SetupError on every rank alike."""
+    """Everything before the first training step. Every input check is an agreement point
+    (``agree``): a finding on any rank raises the same SetupError on every rank."""
     distributed = not isinstance(comm, LocalComm)
     checkpoint = None
-    error = None
-    if config.resume and comm.is_server:
-        try:
-            checkpoint = load_checkpoint(config.resume)
-        except (ValueError, FileNotFoundError) as exc:
-            error = str(exc)
     if config.resume:
-        error = comm.broadcast_object(error)
-        if error:
-            raise SetupError(error)
+        checkpoint = agree(comm, lambda: load_checkpoint(config.resume) if comm.is_server else None)
         saved = comm.broadcast_object(checkpoint["config"] if checkpoint else None)
-        config = resumed_config(saved, config, explicit)
-    num_clients = comm.size - 1 if distributed else 1
-    config = resolve_shards(config, comm, max(1, num_clients) if distributed else 8)
-    manifest = read_manifest(config.shards)  # every rank reads the same file: same verdict
-    if distributed and comm.size != manifest.num_clients + 1:
-        raise SetupError(f"world size {comm.size} != 1 server + {manifest.num_clients} clients "
-                         f"(manifest {Path(config.shards) / 'manifest.json'}); launch with "
-                         f"mpirun -n {manifest.num_clients + 1}")
-    if checkpoint is not None and checkpoint.get("world_size") != comm.size:
-        error = (f"--resume {config.resume}: checkpoint written with {checkpoint.get('world_size')}"
-                 f" ranks, this job has {comm.size}")
-    if comm.is_server and not config.out:
-        config = config.replace(out=default_run_dir(config, manifest.dataset))
+        given = config
+        config = agree(comm, lambda: resumed_config(saved, given, explicit))
+    config = resolve_shards(config, comm, max(1, comm.size - 1) if distributed else 8)
+
+    def read_checked_manifest():
+        manifest = read_manifest(config.shards)
+        check_world_size(comm, manifest, config.shards)
+        if checkpoint is not None and checkpoint.get("world_size") != comm.size:
+            raise SetupError(f"--resume {config.resume}: checkpoint written with "
+                             f"{checkpoint.get('world_size')} ranks, this job has {comm.size}")
+        return manifest
+    manifest = agree(comm, read_checked_manifest)
+    # Recorded resolved: the dataset of the shards actually used, absolute paths (resume from
+    # any working directory, bias reports read the shards from config.json).
+    config = config.replace(dataset=manifest.dataset, shards=resolved_path(config.shards),
+                            data_root=resolved_path(config.data_root))
+    exclusive = comm.is_server and not config.out  # a default name must be a new directory
+    if exclusive:
+        config = config.replace(out=str(default_run_dir(manifest.dataset, config.algo)))
+    if comm.is_server:
+        config = config.replace(out=os.path.abspath(config.out))
     config = comm.broadcast_object(config) if distributed else config
-    if comm.is_server and error is None:
-        error = check_run_dir_writable(config.out, config.force, bool(config.resume))
-    graph = None
-    try:
-        graph = load_rank_graph(config, comm, manifest)
-    except (ShardError, OSError) as exc:
-        error = error or str(exc)
-    errors = comm.agree_on_errors(error) if distributed else ([(0, error)] if error else [])
-    if errors:
-        raise SetupError("\n".join(message if not distributed else
-                                   f"rank {rank}: {message}" for rank, message in errors))
-    run_dir = RunDirectory(config.out) if comm.is_server else None
+    progress.config = config
+    progress.phase = "while taking the run directory and loading the shards"
+
+    def claim_and_load() -> ClientGraph:
+        # The run directory is taken (lock) before anything is written, and before the last
+        # agreement point, so a run directory that cannot be created stops every rank here.
+        if comm.is_server:
+            progress.run_dir = claim_run_dir(config.out, config.force, bool(config.resume),
+                                             exclusive)
+        return load_rank_graph(config, comm, manifest)
+    graph = agree(comm, claim_and_load)
+    progress.phase = "during set-up"
+    run_dir = progress.run_dir
     run_info = {"algo": config.algo, "dataset": manifest.dataset,
                 "num_clients": manifest.num_clients, "num_nodes": manifest.num_nodes,
                 "backbone": config.backbone, "sampling": config.sampling,
@@ -192,59 +226,90 @@ def set_up(config: TrainConfig, comm: Any,
                     "torch_threads": torch.get_num_threads()}
         run_dir.write_json("config.json", resolved)
         log.info("config: %s", " ".join(f"{k}={v}" for k, v in sorted(config.to_dict().items())))
+    progress.trainer = trainer
     return trainer, config
+
+
+def train(config: TrainConfig, comm: Any, progress: RankProgress, explicit: set[str]) -> int:
+    """Set up, train, write the outputs; the rank body that ``run_rank`` guards."""
+    trainer, config = set_up(config, comm, progress, explicit)
+    where = (f"over {comm.size - 1} clients" if not isinstance(comm, LocalComm)
+             else f"({trainer.graph.num_nodes} nodes)")
+    keep = (f"checkpoint every {config.checkpoint_every} epochs, --resume {config.out} continues"
+            if config.checkpoint_every else "no checkpoints (--checkpoint-every K to resume "
+                                            "after an interruption)")
+    log.info("%s %s %s on %s: %d epochs -> %s (%s)", config.algo, config.backbone, where,
+             trainer.run_info["dataset"], config.epochs, config.out, keep)
+    final = trainer.run()
+    if comm.is_server:
+        log.info("done: test micro-F1 %.4f at best val epoch %d -> %s", final["test_micro_f1"],
+                 final["best_epoch"], config.out)
+    if progress.run_dir is not None:
+        progress.run_dir.release()
+    return 0
+
+
+def run_rank(comm: Any, progress: RankProgress, body: Callable[[], int]) -> int:
+    """The one failure rule of every rank (module docstring): agreed set-up errors are printed
+    by rank 0 and end every rank normally; anything else is printed by this rank and ends the
+    whole job (``comm.abort``; in one process, the exit status)."""
+    distributed = not isinstance(comm, LocalComm)
+    try:
+        return body()
+    except SetupError as exc:
+        if progress.run_dir is not None:
+            progress.run_dir.abandon()
+        if comm.is_server:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return INPUT_ERROR
+    except BaseException as exc:  # noqa: B036 - any failure must end the job, not hang it
+        status = exit_status(exc)
+        if isinstance(exc, Interrupted) and distributed:
+            # A signal to every rank (srun, scancel) must give one report: the lowest rank
+            # that handles it reports, and its abort ends the others while they still wait.
+            time.sleep(INTERRUPT_REPORT_STAGGER * comm.rank)
+        if progress.config.verbose:
+            traceback.print_exc()
+        who = f" on {rank_label(comm.rank, comm.client_id)}" if distributed else ""
+        if isinstance(exc, Interrupted):
+            message = f"interrupted by {exc}{who} {progress.where()}"
+        else:
+            message = f"error{who} {progress.where()}: {describe(exc)}"
+        print(f"{PROG}: {message}{progress.resume_hint(comm.size)}", file=sys.stderr, flush=True)
+        if progress.run_dir is not None:
+            progress.run_dir.release()
+        if distributed:
+            comm.abort(status)
+        return status
 
 
 def run_centralized(config: TrainConfig, explicit: set[str]) -> int:
     if launcher_world_size() > 1:
         if launcher_rank() == 0:
-            print(f"mpifgl.train: error: --algo {config.algo} runs in one process, but this job "
+            print(f"{PROG}: error: --algo {config.algo} runs in one process, but this job "
                   f"has {launcher_world_size()} ranks; launch without mpirun (or mpirun -n 1)",
                   file=sys.stderr)
         return USAGE_ERROR
     setup_logging("central", verbose=True)
-    try:
-        trainer, config = set_up(config, LocalComm(), explicit)
-    except (SetupError, ShardError, ValueError) as exc:
-        print(f"mpifgl.train: error: {exc}", file=sys.stderr)
-        return INPUT_ERROR
-    log.info("%s %s on %s: %d nodes, %d epochs -> %s", config.algo, config.backbone,
-             trainer.run_info["dataset"], trainer.graph.num_nodes, config.epochs, config.out)
-    final = trainer.run()
-    log.info("done: test micro-F1 %.4f at best val epoch %d -> %s", final["test_micro_f1"],
-             final["best_epoch"], config.out)
-    return 0
+    install_signal_handlers()
+    comm, progress = LocalComm(), RankProgress(config)
+    return run_rank(comm, progress, lambda: train(config, comm, progress, explicit))
 
 
 def run_distributed(config: TrainConfig, explicit: set[str]) -> int:
     from mpifgl.comm import world  # the only path that initialises MPI
     comm = world()
-    if comm.size > (os.cpu_count() or 1):
-        torch.set_num_threads(1)  # oversubscribed: one thread per rank, no thrashing
-    setup_logging("server" if comm.is_server else f"client {comm.client_id}", comm.is_server)
     if comm.size < 2:
-        print("mpifgl.train: error: world size 1: the distributed algorithm needs 1 server + at "
+        print(f"{PROG}: error: world size 1: the distributed algorithm needs 1 server + at "
               "least 1 client; launch with mpirun -n M+1 (or use --algo centralized)",
               file=sys.stderr)
         return USAGE_ERROR
-    try:
-        trainer, config = set_up(config, comm, explicit)
-    except (SetupError, ShardError, ValueError) as exc:
-        if comm.is_server:
-            print(f"mpifgl.train: error: {exc}", file=sys.stderr)
-        return INPUT_ERROR
-    try:
-        if comm.is_server:
-            log.info("%s %s over %d clients on %s: %d epochs -> %s", config.algo, config.backbone,
-                     comm.size - 1, trainer.run_info["dataset"], config.epochs, config.out)
-        final = trainer.run()
-        if comm.is_server:
-            log.info("done: test micro-F1 %.4f at best val epoch %d -> %s",
-                     final["test_micro_f1"], final["best_epoch"], config.out)
-    except BaseException as exc:  # one failing rank must end the job, not hang it
-        log.error("aborting the job: %s: %s", type(exc).__name__, exc, exc_info=True)
-        comm.abort(1)
-    return 0
+    if comm.size > (os.cpu_count() or 1):
+        torch.set_num_threads(1)  # oversubscribed: one thread per rank, no thrashing
+    setup_logging("server" if comm.is_server else f"client {comm.client_id}", comm.is_server)
+    install_signal_handlers()
+    progress = RankProgress(config)
+    return run_rank(comm, progress, lambda: train(config, comm, progress, explicit))
 
 
 def main(argv: list[str] | None = None) -> int:

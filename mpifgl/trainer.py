@@ -72,6 +72,9 @@ class LocalComm:
     def scatter_objects(self, values: list[Any]) -> Any:
         return values[0]
 
+    def agree_on_errors(self, error: str | None) -> list[tuple[int, int, str]]:
+        return [(0, 0, error)] if error else []
+
 
 @dataclass
 class BestScore:
@@ -313,9 +316,10 @@ class Trainer:
         self.run_dir.append_metrics(record)
         if epoch % self.config.log_every == 0 or epoch == self.config.epochs:
             moved_mb = (sum(per_rank["bytes_sent"]) + sum(per_rank["bytes_received"])) / 2 ** 20
-            f1 = ("  train {train_micro_f1:.4f}  val {val_micro_f1:.4f}  test {test_micro_f1:.4f}"
-                  .format(**scores) if scores else " " * 40)
-            log.info("epoch %4d  loss %.4f%s  %6.3fs  %8.2f MB", epoch, loss, f1,
+            f1 = ("  micro-F1 train {train_micro_f1:.4f} val {val_micro_f1:.4f} test "
+                  "{test_micro_f1:.4f}".format(**scores) if scores else " " * 46)
+            # traffic: bytes sent + received over all ranks, halved (each byte counted once)
+            log.info("epoch %4d  loss %.4f%s  time %6.3f s  traffic %8.2f MB", epoch, loss, f1,
                      record["epoch_seconds"], moved_mb)
 
     def finish(self) -> dict[str, Any] | None:

@@ -9,7 +9,7 @@ import torch
 
 from mpifgl.algorithms import get_algorithm
 from mpifgl.config import TrainConfig, build_parser, explicit_flags, parse_config, resumed_config
-from mpifgl.runlog import RunDirectory, atomic_write, check_run_dir_writable
+from mpifgl.runlog import RunDirError, RunDirectory, atomic_write, claim_run_dir
 
 
 def test_defaults_are_the_papers_settings():
@@ -83,14 +83,17 @@ def test_atomic_write_keeps_the_previous_file_on_failure(tmp_path):
 
 
 def test_run_dir_rules(tmp_path):
-    assert check_run_dir_writable(tmp_path / "new", force=False, resume=False) is None
+    claim_run_dir(tmp_path / "new", force=False, resume=False).release()
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "final.json").write_text("{}")
-    assert "already holds a run" in check_run_dir_writable(tmp_path / "old", False, False)
-    assert check_run_dir_writable(tmp_path / "old", True, False) is None
-    assert "no checkpoint.pt" in check_run_dir_writable(tmp_path / "old", False, True)
+    with pytest.raises(RunDirError, match="already holds a run"):
+        claim_run_dir(tmp_path / "old", False, False)
+    claim_run_dir(tmp_path / "old", True, False).release()
+    with pytest.raises(RunDirError, match="no checkpoint.pt"):
+        claim_run_dir(tmp_path / "old", False, True)
     (tmp_path / "file").write_text("x")
-    assert "not a directory" in check_run_dir_writable(tmp_path / "file", False, False)
+    with pytest.raises(RunDirError, match="is a file, not a directory"):
+        claim_run_dir(tmp_path / "file", False, False)
 
 
 def test_metrics_truncated_to_checkpoint_epoch(tmp_path):

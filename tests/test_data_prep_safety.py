@@ -98,11 +98,12 @@ def test_force_replaces_only_when_complete(tmp_path, capsys):
     assert leftovers(tmp_path) == []
 
 
-def test_prepare_shards_reuses_and_protects(tmp_path, isolated_cache):
+def test_prepare_shards_reuses_and_protects(tmp_path, isolated_cache, monkeypatch):
     options = dict(syn_nodes=300, syn_avg_degree=6, syn_classes=3, syn_features=4,
                    show_progress=False)
+    monkeypatch.chdir(tmp_path)  # the default out is relative to the working directory
     manifest = prepare_shards("synthetic", 3, seed=2, **options)
-    out = isolated_cache / "shards" / "synthetic-random-3clients-seed2"
+    out = tmp_path / "shards" / "synthetic-random-m3-s2"
     assert (out / "manifest.json").is_file() and manifest["num_clients"] == 3
     stamp = (out / "client_0.h5").stat().st_mtime_ns
     assert prepare_shards("synthetic", 3, seed=2, **options) == manifest  # reused as is
