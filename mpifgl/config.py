@@ -66,8 +66,8 @@ class TrainConfig:
     steps_per_epoch: int = _opt(0, "optimizer steps per epoch, each on a fresh sample of "
                                    "--sample-size draws (the paper's step length); 0: one pass "
                                    "over the nodes per epoch, ceil(n / s - 1e-6) steps (4 at the "
-                                   "default s = ceil(n/4)), and 1 step without node sampling or for the "
-                                   "baselines")
+                                   "default s = ceil(n/4)), and 1 step without node sampling or "
+                                   "for the baselines")
     # Baselines (docs/algorithms.md)
     local_epochs: int = _opt(1, "fedavg, fedavg-nc: local epochs per round (one round per epoch)")
     nc_fraction: float = _opt(0.2, "fedavg-nc: fraction of one-hop cross-client neighbours each "
@@ -173,9 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Flags a resumed run may change: they alter how long it runs and what it writes, not the math.
+# Flags a resumed run may change: they alter how long it runs and what it writes, not the math
+# (the exchange's buffer cap only cuts the same sums into other chunks: a resume on a machine
+# with less memory needs it).
 RESUME_OVERRIDABLE = ("epochs", "eval_every", "log_every", "checkpoint_every", "save_logits",
-                      "resume", "out", "force")
+                      "resume", "out", "force", "exchange_buffer_mb")
 
 
 def explicit_flags(argv: list[str] | None) -> set[str]:

@@ -38,7 +38,7 @@ from typing import Callable, Protocol
 import numpy as np
 import torch
 
-from mpifgl.graph import CrossExchangePlan
+from mpifgl.graph import CrossExchangePlan, CSRArrays
 
 MODES = ("compact", "compact-reduce", "reduce", "star")
 COMPACT_MODES = ("compact", "compact-reduce")
@@ -77,9 +77,10 @@ class Routing:
     # a client's side
     send_bounds: np.ndarray  # int64 [k+1]: its touched rows of chunk c are [s[c], s[c+1])
     send_sum_rows: np.ndarray | None  # int64 [t_i]: sum row of each touched row (buffer modes)
-    # the server's side (compact): sum row of every client's touched rows, and their chunk cuts
-    sender_sum_rows: list[np.ndarray] | None = None
+    # the server's side (compact): every client's rows per chunk, and per chunk the 0/1 matrix
+    # [chunk sum rows, gathered rows] that adds the gathered rows up in client order
     sender_bounds: np.ndarray | None = None  # int64 [m, k+1]
+    sum_matrices: list[CSRArrays] | None = None
 
     @property
     def num_chunks(self) -> int:
@@ -140,7 +141,8 @@ class CrossClientExchange:
         total = int(plan.segment_rows.sum())
         # reduce: a send buffer and the product rows on a client; star: the server gathers
         # every rank's chunk and holds their sum
-        rows_per_chunk = max(1, self.row_budget // (2 if self.mode == "reduce" else self.comm.size + 1))
+        buffers_per_row = 2 if self.mode == "reduce" else self.comm.size + 1
+        rows_per_chunk = max(1, self.row_budget // buffers_per_row)
         bounds = np.append(np.arange(0, total, rows_per_chunk, dtype=np.int64), total)
         if total == 0:
             bounds = np.zeros(1, dtype=np.int64)
@@ -180,7 +182,10 @@ class CrossClientExchange:
         routing = Routing(position_bounds, row_bounds, owner_start,
                           np.searchsorted(plan.touched, position_bounds), sum_rows)
         if server_side is not None:
-            routing.sender_sum_rows, routing.sender_bounds = server_side[1], server_side[2]
+            routing.sender_bounds = server_side[2]
+            if self.mode == "compact":
+                routing.sum_matrices = self._sum_matrices(server_side[1], server_side[2],
+                                                          row_bounds)
         return routing
 
     def _server_routing(self, pieces: list[list[np.ndarray]], plan: CrossExchangePlan,
@@ -206,6 +211,27 @@ class CrossClientExchange:
         sender_bounds = np.stack([np.searchsorted(r, row_bounds) for r in sender_rows]) \
             if sender_rows else np.zeros((0, row_bounds.shape[0]), np.int64)
         return np.concatenate([position_bounds, row_bounds]), sender_rows, sender_bounds
+
+    def _sum_matrices(self, sender_rows: list[np.ndarray], sender_bounds: np.ndarray,
+                      row_bounds: np.ndarray) -> list[CSRArrays]:
+        """Per chunk, the matrix that adds the gathered rows (client-major, as Gatherv lays them
+        out) into the chunk's sum rows. Its CSR kernel adds each row's entries in client order
+        starting from zero, like a loop of fancy-index additions but without their gather and
+        scatter passes; the stable sort keeps the client order within a row."""
+        matrices = []
+        total = max([int(np.diff(sender_bounds[:, c:c + 2]).sum())
+                     for c in range(row_bounds.shape[0] - 1)], default=0)
+        ones = np.ones(total, dtype=self.dtype)
+        for c in range(row_bounds.shape[0] - 1):
+            low, rows = int(row_bounds[c]), int(row_bounds[c + 1] - row_bounds[c])
+            target = np.concatenate([r[sender_bounds[j, c]:sender_bounds[j, c + 1]]
+                                     for j, r in enumerate(sender_rows)]) - low
+            order = np.argsort(target, kind="stable")
+            indptr = np.zeros(rows + 1, dtype=np.int64)
+            np.cumsum(np.bincount(target, minlength=rows), out=indptr[1:])
+            matrices.append(CSRArrays(indptr, order.astype(np.int64), ones[:order.shape[0]],
+                                      (rows, int(order.shape[0]))))
+        return matrices
 
     def _scatter_sum_rows(self, server_side, touched_counts: np.ndarray, plan: CrossExchangePlan,
                           id_dtype, rounds: int) -> np.ndarray:
@@ -264,12 +290,7 @@ class CrossClientExchange:
             flat = comm.gatherv(rows, None if counts is None else counts * width)
             if flat is None:
                 return None
-            summed = np.zeros((high - low, width), dtype=self.dtype)
-            cuts = np.cumsum(counts) * width
-            for j, sum_rows in enumerate(routing.sender_sum_rows):  # client order
-                first, last = routing.sender_bounds[j, c], routing.sender_bounds[j, c + 1]
-                summed[sum_rows[first:last] - low] += flat[cuts[j]:cuts[j + 1]].reshape(-1, width)
-            return summed
+            return routing.sum_matrices[c].matmul(flat.reshape(-1, width))
         buffer = np.zeros((high - low, width), dtype=self.dtype)
         if rows.shape[0]:
             first, last = routing.send_bounds[c], routing.send_bounds[c + 1]
