@@ -99,12 +99,6 @@ def chunk_bounds(cost: np.ndarray, budget: int) -> np.ndarray:
     return np.asarray(bounds, dtype=np.int64)
 
 
-def steps_for_sample(num_nodes: int, sample_size: int) -> int:
-    """Steps of one pass over the nodes: ceil(n / s), with a tolerance so that s = ceil(n / 4)
-    gives exactly 4 and float rounding of n / s never adds a step."""
-    return max(1, int(np.ceil(num_nodes / sample_size - 1e-6)))
-
-
 def _rows_in(bounds_low: int, bounds_high: int, start: np.ndarray, stop: np.ndarray) -> np.ndarray:
     """Per owner, how many of its sum rows [start, stop) lie in [bounds_low, bounds_high)."""
     return np.clip(stop, bounds_low, bounds_high) - np.clip(start, bounds_low, bounds_high)

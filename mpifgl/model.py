@@ -17,6 +17,7 @@ from torch import nn
 from mpifgl.exchange import ExchangeFn, cross_client_sum
 from mpifgl.graph import LayerOperator, numpy_dtype
 
+
 class SparseFeatures:
     """Rows of a sparse (bag-of-words) input matrix. The first layer multiplies it without ever
     densifying: on Cora or Coauthor CS (about 1% non-zeros) that is most of an epoch's FLOPs.

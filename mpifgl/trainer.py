@@ -22,13 +22,13 @@ import torch
 import torch.nn.functional as F
 
 from mpifgl.config import TrainConfig
-from mpifgl.exchange import CrossClientExchange, steps_for_sample
+from mpifgl.exchange import CrossClientExchange
 from mpifgl.graph import ClientGraph, CrossExchangePlan, LayerOperator, build_operator, numpy_dtype
 from mpifgl.model import GNN, flat_grads, make_features, select_rows, set_flat_grads
 from mpifgl.optim import Adam
 from mpifgl.runlog import CHECKPOINT_NAME, RunDirectory
 from mpifgl.sampling import (NodeSample, NodeSampler, client_sample_sizes, group_counts, make_distribution,
-                             node_groups)
+                             node_groups, steps_for_sample)
 
 log = logging.getLogger("mpifgl")
 SPLITS = ("train", "val", "test")
@@ -163,8 +163,8 @@ class Trainer:
     def auto_steps_per_epoch(self) -> int:
         """``--steps-per-epoch 0``: with node sampling, ceil(n / s - 1e-6) steps (4 at the default
         s = ceil(n / 4); with s = floor(n / 4), ogbn-products' n / s = 4.0000016 gave 5), so an
-        epoch draws about n nodes (one pass over the graph, as an epoch of any mini-batch trainer); without it, one
-        full-graph step. Why not one sampled step: at s = n/4, 200 such steps left ours 2.8
+        epoch draws about n nodes (one pass over the graph, as an epoch of any mini-batch
+        trainer); without it, one full-graph step. Why not one sampled step: at s = n/4, 200 such steps left ours 2.8
         points below centralized GCN on amazon-computers (88.27 vs 91.09), 4 per epoch put it
         0.9 above, and splitting the same n/4 draws over 4 steps lost accuracy instead (85.7 at
         s = n/16): the estimator's variance grows as the sample shrinks (docs/training.md).

@@ -13,8 +13,9 @@ import torch
 
 from mpi_util import run_mpi
 from mpifgl.config import TrainConfig
-from mpifgl.exchange import chunk_bounds, dense_terms, steps_for_sample
+from mpifgl.exchange import chunk_bounds, dense_terms
 from mpifgl.graph import ClientGraph, build_operator
+from mpifgl.sampling import steps_for_sample
 from mpifgl.shards import load_client_shard, read_manifest, shard_filename
 
 
