@@ -15,11 +15,12 @@ paper's communication volume (appendix C): the forward pass moves m * n_S * L * 
 step, the backward pass the same again, the weight-gradient sum m * L * d^2 more.
 
 Which counter is which: every client rank counts the bytes it passes to MPI (bytes_sent) and gets
-back (bytes_received); one exchange (``Communicator.sum_segments_to_owners``) has each client
-contribute its [n_S, d_l] buffer of terms to a Reduce at the server (bytes_sent += n_S * d_l * 4)
-and receive its own [n_S_i, d_l] segment of the sum by Scatterv. So the SUM over clients of
-bytes_sent for the exchanges is exactly the paper's m * n_S * d per layer and direction, with
-d_l the layer's output width (here 128, then 10 classes) instead of one d for every layer. The
+back (bytes_received). With ``--exchange reduce`` one exchange has each client contribute its
+[n_S, d_l] buffer of terms to a Reduce at the server (bytes_sent += n_S * d_l * 4) and receive
+its own [n_S_i, d_l] segment of the sum by Scatterv, so the SUM over clients of bytes_sent for
+the exchanges is exactly the paper's m * n_S * d per layer and direction, with d_l the layer's
+output width (here 128, then 10 classes) instead of one d for every layer; the default
+``compact`` exchange sends only the non-zero rows (benchmarks/bench_exchange_bytes.py). The
 counters also hold the gradient sum (float64 values of every parameter) and the sample index
 allgather. Evaluation is switched off in the measured epochs (--eval-every larger than the run),
 so the figures are training only. Asserts nothing.

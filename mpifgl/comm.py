@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -45,7 +46,22 @@ def rank_of_client(client_id: int) -> int:
 
 
 _MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE,
-              np.dtype(np.int64): MPI.INT64_T}
+              np.dtype(np.int32): MPI.INT32_T, np.dtype(np.int64): MPI.INT64_T}
+MAX_MPI_COUNT = 2 ** 31 - 1  # MPI's int counts and displacements
+
+
+def _checked_counts(counts: np.ndarray) -> np.ndarray:
+    """Element counts of one collective, refused when a count or displacement would overflow
+    MPI's int (callers chunk their buffers so this never fires)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    if counts.size and (int(counts.sum()) > MAX_MPI_COUNT or int(counts.min()) < 0):
+        raise ValueError(f"collective of {int(counts.sum())} elements: counts and displacements "
+                         f"must lie in [0, {MAX_MPI_COUNT}]; lower --exchange-buffer-mb")
+    return counts
+
+
+def _displacements(counts: np.ndarray) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
 
 
 class Communicator:
@@ -69,6 +85,9 @@ class Communicator:
         self.seconds = 0.0
         self.bytes_sent = 0
         self.bytes_received = 0
+        self.exchange_bytes_sent = 0  # the cross-client terms and their row ids alone
+        self.exchange_bytes_received = 0
+        self._counting_exchange = False
 
     def _timed(self, start_collective, *args) -> None:
         """Run one non-blocking collective to completion, counting its wall time."""
@@ -78,52 +97,98 @@ class Communicator:
         finally:
             self.seconds += time.perf_counter() - start
 
-    # -- the cross-client term exchange (forward and backward) --------------------------------
-    def sum_segments_to_owners(self, send: np.ndarray, segment_rows: np.ndarray,
-                               star: bool = False) -> np.ndarray:
-        """Sum every rank's [n_S, d] buffer at the server, which scatters segment j (the
-        ``segment_rows[j]`` rows addressed to client j) to rank j + 1. Returns this rank's
-        segment ([0, d] on the server).
+    # -- buffer collectives with counts (the cross-client exchange, mpifgl.exchange) ----------
+    @contextmanager
+    def counting_exchange(self):
+        """Inside this block, traffic is also counted as the cross-client exchange's."""
+        self._counting_exchange = True
+        try:
+            yield
+        finally:
+            self._counting_exchange = False
 
-        reduce (default): MPI_Reduce, which may add partial sums on other client ranks (a tree):
-        fine on a trusted cluster. star: every client's buffer goes to the server alone (Gather)
-        and is summed there in client order: the paper's privacy model, at the cost of the server
-        receiving m buffers. Both scatter the sums with Scatterv; the traffic counted per client
-        is the same."""
+    def _count(self, sent: int, received: int) -> None:
+        self.bytes_sent += int(sent)
+        self.bytes_received += int(received)
+        if self._counting_exchange:
+            self.exchange_bytes_sent += int(sent)
+            self.exchange_bytes_received += int(received)
+
+    def gatherv(self, send: np.ndarray, counts: np.ndarray | None) -> np.ndarray | None:
+        """Every rank's 1-D or 2-D buffer end to end at the server. ``counts``: int64 [size],
+        elements per rank, given at the server only (the server's own entry included). Returns
+        the flat concatenation [sum(counts)] at the server, None elsewhere."""
         send = np.ascontiguousarray(send)
-        width = send.shape[1] if send.ndim == 2 else 0
         mpi_type = _MPI_TYPES[send.dtype]
-        counts = np.concatenate([[0], segment_rows]).astype(np.int64) * width
-        displacements = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        own = int(counts[self.rank])
-        received = np.empty((own // width if width else 0, width), dtype=send.dtype)
+        if not self.is_server:
+            self._timed(self.comm.Igatherv, [send, mpi_type], None, SERVER_RANK)
+            self._count(send.nbytes, 0)
+            return None
+        counts = _checked_counts(counts)
+        gathered = np.empty(int(counts.sum()), dtype=send.dtype)
+        self._timed(self.comm.Igatherv, [send, mpi_type],
+                    [gathered, (counts, _displacements(counts)), mpi_type], SERVER_RANK)
+        self._count(0, gathered.nbytes - send.nbytes)
+        return gathered
+
+    def scatterv(self, send: np.ndarray | None, counts: np.ndarray | None, receive_count: int,
+                 dtype: np.dtype) -> np.ndarray:
+        """The server's flat ``send`` cut into ``counts`` (int64 [size], elements per rank,
+        server only); every rank gets its ``receive_count`` elements, flat."""
+        received = np.empty(int(receive_count), dtype=dtype)
+        mpi_type = _MPI_TYPES[np.dtype(dtype)]
         if self.is_server:
-            if star:
-                gathered = np.empty((self.size,) + send.shape, dtype=send.dtype)
-                self._timed(self.comm.Igather, [send, mpi_type], [gathered, mpi_type],
-                            SERVER_RANK)
-                send = np.ascontiguousarray(gathered[1:].sum(axis=0, dtype=send.dtype))
-            else:
-                self._timed(self.comm.Ireduce, MPI.IN_PLACE, [send, mpi_type], MPI.SUM,
-                            SERVER_RANK)
-            self._timed(self.comm.Iscatterv, [send, (counts, displacements), mpi_type],
+            counts = _checked_counts(counts)
+            send = np.ascontiguousarray(send)
+            self._timed(self.comm.Iscatterv, [send, (counts, _displacements(counts)), mpi_type],
                         [received, mpi_type], SERVER_RANK)
-            self.bytes_received += send.nbytes * (self.size - 1)
-            self.bytes_sent += int(counts.sum()) * send.itemsize
+            self._count(int(counts.sum()) * send.itemsize - received.nbytes, 0)
         else:
-            if star:
-                self._timed(self.comm.Igather, [send, mpi_type], None, SERVER_RANK)
-            else:
-                self._timed(self.comm.Ireduce, [send, mpi_type], None, MPI.SUM, SERVER_RANK)
             self._timed(self.comm.Iscatterv, None, [received, mpi_type], SERVER_RANK)
-            self.bytes_sent += send.nbytes
-            self.bytes_received += received.nbytes
+            self._count(0, received.nbytes)
         return received
 
-    def exchange(self, plan, send: torch.Tensor, star: bool = False) -> torch.Tensor:
-        """Adapter for mpifgl.model: torch buffer in, torch segment out."""
-        received = self.sum_segments_to_owners(send.detach().numpy(), plan.segment_rows, star)
-        return torch.from_numpy(received)
+    def reduce_sum(self, buffer: np.ndarray) -> np.ndarray | None:
+        """MPI_Reduce(SUM) of one buffer shape on every rank; the server's buffer is summed in
+        place (IN_PLACE) and returned, None elsewhere. Other client ranks may add partial sums
+        (a tree)."""
+        buffer = np.ascontiguousarray(buffer)
+        mpi_type = _MPI_TYPES[buffer.dtype]
+        _checked_counts(np.asarray([buffer.size]))
+        if self.is_server:
+            self._timed(self.comm.Ireduce, MPI.IN_PLACE, [buffer, mpi_type], MPI.SUM, SERVER_RANK)
+            self._count(0, buffer.nbytes * (self.size - 1))
+            return buffer
+        self._timed(self.comm.Ireduce, [buffer, mpi_type], None, MPI.SUM, SERVER_RANK)
+        self._count(buffer.nbytes, 0)
+        return None
+
+    def gather_equal(self, send: np.ndarray) -> np.ndarray | None:
+        """MPI_Gather of one buffer shape from every rank -> [size, *shape] at the server."""
+        send = np.ascontiguousarray(send)
+        mpi_type = _MPI_TYPES[send.dtype]
+        _checked_counts(np.asarray([send.size * self.size]))
+        if self.is_server:
+            gathered = np.empty((self.size,) + send.shape, dtype=send.dtype)
+            self._timed(self.comm.Igather, [send, mpi_type], [gathered, mpi_type], SERVER_RANK)
+            self._count(0, send.nbytes * (self.size - 1))
+            return gathered
+        self._timed(self.comm.Igather, [send, mpi_type], None, SERVER_RANK)
+        self._count(send.nbytes, 0)
+        return None
+
+    def broadcast_array(self, values: np.ndarray | None) -> np.ndarray:
+        """The server's int64 1-D array on every rank (its length travels first)."""
+        length = np.asarray([values.shape[0] if self.is_server else 0], dtype=np.int64)
+        self._timed(self.comm.Ibcast, [length, MPI.INT64_T], SERVER_RANK)
+        out = (np.ascontiguousarray(values, dtype=np.int64) if self.is_server
+               else np.empty(int(length[0]), dtype=np.int64))
+        self._timed(self.comm.Ibcast, [out, MPI.INT64_T], SERVER_RANK)
+        if self.is_server:
+            self._count((out.nbytes + length.nbytes) * (self.size - 1), 0)
+        else:
+            self._count(0, out.nbytes + length.nbytes)
+        return out
 
     # -- small sums and gathers ------------------------------------------------------------
     def sum_to_all(self, values: np.ndarray) -> np.ndarray:

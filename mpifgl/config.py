@@ -50,18 +50,25 @@ class TrainConfig:
                                   "uniform Q; none = full graph every step (ours-full; the "
                                   "default of --algo centralized)", SAMPLINGS)
     sample_size: int = _opt(0, "draws s per step over all clients, split s_i = n_i s / n; "
-                               "0: a quarter of the nodes")
+                               "0: a quarter of the nodes, rounded up (so 4 steps make a pass)")
     no_normalize: bool = _opt(False, "drop the 1/p(u) normalisation (the ablation ours*)")
-    exchange: str = _opt("reduce", "how the server sums the cross-client terms: reduce = "
-                                   "MPI_Reduce (may add partial sums on other client ranks); "
-                                   "star = each client's terms reach the server only (Gather, "
-                                   "summed there): the paper's privacy model",
-                         ("reduce", "star"))
+    exchange: str = _opt("compact", "how the server sums the cross-client terms: compact = each "
+                                    "client sends only its non-zero rows (ids once per sample), "
+                                    "summed at the server (Gatherv); compact-reduce = the same "
+                                    "rows summed by MPI_Reduce over the rows any client touches "
+                                    "(partial sums may be added on other client ranks); reduce "
+                                    "= MPI_Reduce of a dense buffer of every sampled row; star = "
+                                    "dense buffers gathered and summed at the server only. See "
+                                    "docs/training.md",
+                         ("compact", "compact-reduce", "reduce", "star"))
+    exchange_buffer_mb: float = _opt(256.0, "most MB of exchange buffers a rank holds at once: "
+                                            "larger exchanges run in chunks of rows (a chunk "
+                                            "holds at least one row)")
     steps_per_epoch: int = _opt(0, "optimizer steps per epoch, each on a fresh sample of "
                                    "--sample-size draws (the paper's step length); 0: one pass "
-                                   "over the nodes per epoch, ceil(n / s) steps (4 at the default "
-                                   "s = n/4), and 1 step without node sampling or for the "
-                                   "baselines")
+                                   "over the nodes per epoch, ceil(n / s - 1e-6) steps (4 at the "
+                                   "default s = ceil(n/4)), and 1 step without node sampling or "
+                                   "for the baselines")
     # Baselines (docs/algorithms.md)
     local_epochs: int = _opt(1, "fedavg, fedavg-nc: local epochs per round (one round per epoch)")
     nc_fraction: float = _opt(0.2, "fedavg-nc: fraction of one-hop cross-client neighbours each "
@@ -106,6 +113,8 @@ class TrainConfig:
         need(self.weight_decay >= 0, "weight-decay", self.weight_decay, "a number >= 0")
         need(self.epochs >= 1, "epochs", self.epochs, "an integer >= 1 (a run trains at least "
              "one epoch; its final.json would otherwise report an untrained model)")
+        need(self.exchange_buffer_mb > 0, "exchange-buffer-mb", self.exchange_buffer_mb,
+             "a positive number of MB")
         need(self.sample_size >= 0, "sample-size", self.sample_size, "an integer >= 0")
         need(self.steps_per_epoch >= 0, "steps-per-epoch", self.steps_per_epoch,
              "an integer >= 1, or 0 for one pass over the nodes per epoch")
@@ -168,9 +177,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Flags a resumed run may change: they alter how long it runs and what it writes, not the math.
+# Flags a resumed run may change: they alter how long it runs and what it writes, not the math
+# (the exchange's buffer cap only cuts the same sums into other chunks: a resume on a machine
+# with less memory needs it).
 RESUME_OVERRIDABLE = ("epochs", "eval_every", "log_every", "checkpoint_every", "save_logits",
-                      "resume", "out", "force", "verbose")
+                      "resume", "out", "force", "verbose", "exchange_buffer_mb")
 # Flags naming files: saved resolved (absolute), compared resolved, so a resume works from any
 # working directory and accepts the same directory spelled differently.
 PATH_FLAGS = ("shards", "data_root")

@@ -13,13 +13,15 @@ The propagation of one layer on client i, for a sample S (S_i = all nodes when n
 with O = Z W and y = col_scale * O (col_scale carries 1/p(u)). For GCN, row_scale = d~^{-1/2},
 col_scale = d~^{-1/2} / p, self_scale = d~^{-1} (d~ = whole-graph degree + 1). For 1-GNN (PyG
 GraphConv, sum aggregation) row_scale = 1, col_scale = 1 / p and the root term has its own weight.
-The cross sum is the only thing that needs other clients: see ``CrossExchangePlan``.
+The cross sum is the only thing that needs other clients: see ``CrossExchangePlan`` and
+mpifgl.exchange.
 """
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -171,6 +173,12 @@ class CSRArrays:
         np.cumsum(np.bincount(self.indices, minlength=cols), out=indptr[1:])
         return CSRArrays(indptr, row_of[order], self.data[order], (cols, rows))
 
+    def row_slice(self, first: int, last: int) -> "CSRArrays":
+        """Rows first..last-1 (views of the arrays, no copy of the entries)."""
+        start, stop = int(self.indptr[first]), int(self.indptr[last])
+        return CSRArrays(self.indptr[first:last + 1] - start, self.indices[start:stop],
+                         self.data[start:stop], (last - first, self.shape[1]))
+
     def with_dtype(self, dtype: torch.dtype) -> "CSRArrays":
         return CSRArrays(np.asarray(self.indptr, np.int64), np.asarray(self.indices, np.int64),
                          np.asarray(self.data, dtype=numpy_dtype(dtype)), self.shape)
@@ -254,14 +262,31 @@ class LayerOperator:
 
 @dataclass
 class CrossExchangePlan:
-    """The cross-client sum for one sample: client i sends ``send_matrix @ y_i`` (all sampled rows
-    of all clients, client-ordered, own segment zero); the server sums over clients and returns
-    each client its own segment. The operator is self-adjoint as a whole, so the backward pass is
-    the same exchange applied to the gradient. ``segment_rows[j]`` = |S_j|."""
+    """The cross-client sum for one sample, as one client sees it (mpifgl.exchange runs it).
+    Client i's terms for all clients are ``(A_i,cross[S_i, S])^T y_i`` [n_S, d], S-positions
+    client-ordered; only the ``touched`` rows can be non-zero. The server sums over clients and
+    returns each client its own segment, of which only the ``receive_rows`` can be non-zero.
+    ``segment_rows[j]`` = |S_j|. ``routing``: the chunks agreed by ``CrossClientExchange.prepare``."""
 
-    send_matrix: "SparseOperator | None"  # [n_S, |S_i|] = (A_i,cross[S_i, S])^T; None: server
+    send_rows: "CSRArrays | None"  # [t_i, |S_i|]: the touched rows of the transposed cross block
+    touched: np.ndarray  # int64 [t_i], ascending S-positions of those rows
+    receive_rows: np.ndarray  # int64 [u_i], ascending own rows with a cross edge into S
     segment_rows: np.ndarray  # int64 [m]
     own_segment: int  # client id, or -1 for the server
+    routing: Any = None  # mpifgl.exchange.Routing once prepared
+
+    @classmethod
+    def of_cross_block(cls, cross: CSRArrays, segment_rows: np.ndarray, own: int,
+                       dtype: torch.dtype) -> "CrossExchangePlan":
+        """From A_i,cross[S_i, S] [|S_i|, n_S]. Its transpose's empty rows are dropped (their
+        entries are contiguous already, so only indptr changes)."""
+        transposed = cross.transpose()
+        touched = np.flatnonzero(np.diff(transposed.indptr)).astype(np.int64)
+        indptr = np.concatenate([[0], transposed.indptr[touched + 1]]).astype(np.int64)
+        send_rows = CSRArrays(indptr, transposed.indices, transposed.data,
+                              (int(touched.shape[0]), int(cross.shape[0])))
+        receive_rows = np.flatnonzero(np.diff(cross.indptr)).astype(np.int64)
+        return cls(send_rows.with_dtype(dtype), touched, receive_rows, segment_rows, own)
 
 
 def sample_columns(graph: ClientGraph, samples: list[np.ndarray]) -> tuple[np.ndarray, int]:
@@ -314,9 +339,8 @@ def build_operator(graph: ClientGraph, backbone: str, samples: list[np.ndarray] 
         raise ValueError(f"backbone {backbone!r}, expected gcn or 1gnn")
     as_col = lambda v: torch.from_numpy(np.asarray(v, dtype=np.float64)).to(dtype)[:, None]  # noqa: E731
     plan = None
-    if cross is not None:  # the send matrix is the cross block's transpose
-        plan = CrossExchangePlan(SparseOperator(cross.transpose(), dtype, transpose=cross),
-                                 segment_rows, own)
+    if cross is not None:
+        plan = CrossExchangePlan.of_cross_block(cross, segment_rows, own, dtype)
     return LayerOperator(rows, SparseOperator(inner, dtype), as_col(row_scale), as_col(col_scale),
                          as_col(self_scale), plan)
 
@@ -327,4 +351,4 @@ def _server_operator(segment_rows: np.ndarray, dtype: torch.dtype) -> LayerOpera
     no_rows = np.zeros(0, dtype=np.int64)
     inner = CSRArrays(np.zeros(1, dtype=np.int64), no_rows, np.zeros(0), (0, 0))
     return LayerOperator(no_rows, SparseOperator(inner, dtype), empty, empty, empty,
-                         CrossExchangePlan(None, segment_rows, -1))
+                         CrossExchangePlan(None, no_rows, no_rows, segment_rows, -1))

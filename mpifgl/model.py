@@ -8,37 +8,14 @@ Parameter names follow PyG so a state_dict loads into PyG convs stacked in a Mod
 from __future__ import annotations
 
 import math
-from typing import Callable
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 from torch import nn
 
-from mpifgl.graph import CrossExchangePlan, LayerOperator, numpy_dtype
-
-# (plan, send buffer [n_S, d]) -> this client's summed segment [|S_i|, d]
-ExchangeFn = Callable[[CrossExchangePlan, torch.Tensor], torch.Tensor]
-
-
-class _CrossClientSum(torch.autograd.Function):
-    """sum_{j != i} A_ij[S_i, S_j] y_j. Self-adjoint over all clients, so backward = same
-    exchange applied to the incoming gradient (DESIGN.md section 1)."""
-
-    @staticmethod
-    def forward(ctx, y: torch.Tensor, plan: CrossExchangePlan, exchange: ExchangeFn):  # type: ignore[override]
-        ctx.plan, ctx.exchange = plan, exchange
-        return exchange(plan, plan.send_matrix @ y)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        grad = grad.contiguous()
-        with torch.no_grad():
-            return ctx.exchange(ctx.plan, ctx.plan.send_matrix @ grad), None, None
-
-
-def cross_client_sum(y: torch.Tensor, plan: CrossExchangePlan, exchange: ExchangeFn) -> torch.Tensor:
-    return _CrossClientSum.apply(y, plan, exchange)
+from mpifgl.exchange import ExchangeFn, cross_client_sum
+from mpifgl.graph import LayerOperator, numpy_dtype
 
 
 class SparseFeatures:

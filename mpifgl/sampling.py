@@ -68,6 +68,12 @@ def client_sample_sizes(client_sizes: list[int] | np.ndarray, total: int) -> np.
     return floors
 
 
+def steps_for_sample(num_nodes: int, sample_size: int) -> int:
+    """Steps of one pass over the nodes: ceil(n / s), with a tolerance so that s = ceil(n / 4)
+    gives exactly 4 and float rounding of n / s never adds a step."""
+    return max(1, int(np.ceil(num_nodes / sample_size - 1e-6)))
+
+
 def inclusion_probability(q: np.ndarray, draws: int) -> np.ndarray:
     """p(u) = 1 - (1 - Q(u))^draws, computed stably for tiny Q."""
     with np.errstate(divide="ignore"):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import resource
 import time
-from functools import partial
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,17 +22,19 @@ import torch
 import torch.nn.functional as F
 
 from mpifgl.config import TrainConfig
-from mpifgl.graph import ClientGraph, LayerOperator, build_operator, numpy_dtype
+from mpifgl.exchange import CrossClientExchange
+from mpifgl.graph import ClientGraph, CrossExchangePlan, LayerOperator, build_operator, numpy_dtype
 from mpifgl.model import GNN, flat_grads, make_features, select_rows, set_flat_grads
 from mpifgl.optim import Adam
 from mpifgl.runlog import CHECKPOINT_NAME, RunDirectory
 from mpifgl.sampling import (NodeSample, NodeSampler, client_sample_sizes, group_counts, make_distribution,
-                             node_groups)
+                             node_groups, steps_for_sample)
 
 log = logging.getLogger("mpifgl")
 SPLITS = ("train", "val", "test")
 RANK_STATS = ("epoch_seconds", "compute_seconds", "comm_seconds", "bytes_sent",
-              "bytes_received", "peak_rss_mb")
+              "bytes_received", "peak_rss_mb", "exchange_bytes_sent", "exchange_bytes_received")
+BYTE_STATS = ("bytes_sent", "bytes_received", "exchange_bytes_sent", "exchange_bytes_received")
 
 
 def peak_rss_mb() -> float:
@@ -45,6 +46,7 @@ class LocalComm:
 
     rank, size, client_id, is_server = 0, 1, 0, True
     seconds, bytes_sent, bytes_received = 0.0, 0, 0
+    exchange_bytes_sent, exchange_bytes_received = 0, 0
 
     def reset_counters(self) -> None:
         pass
@@ -119,14 +121,16 @@ class Trainer:
         seeds = np.random.SeedSequence([config.seed, comm.rank]).generate_state(2)
         self.sample_rng = np.random.default_rng(int(seeds[0]))
         self.dropout_rng = np.random.default_rng(int(seeds[1]))
-        self.exchange = (partial(comm.exchange, star=config.exchange == "star")
+        self.exchange = (CrossClientExchange(comm, config.exchange,
+                                             int(config.exchange_buffer_mb * 2 ** 20),
+                                             max(self.model.widths[1:]), self.numpy_dtype)
                          if self.distributed else None)
         self.state = TrainerState()
         self._setup_counts_and_sampler()
         if self.config.steps_per_epoch == 0:
             self.config = self.config.replace(steps_per_epoch=self.auto_steps_per_epoch())
-        self.full_operator = build_operator(graph, config.backbone, None, None, self.dtype,
-                                            exchanged=self.distributed)
+        self.full_operator = self.prepared(build_operator(graph, config.backbone, None, None,
+                                                         self.dtype, exchanged=self.distributed))
 
     # -- set-up ---------------------------------------------------------------------------------
     def _setup_counts_and_sampler(self) -> None:
@@ -143,7 +147,7 @@ class Trainer:
         if self.config.sampling == "none" or not self.uses_node_sampler:
             return
         n = int(self.graph.client_sizes.sum())
-        total_draws = self.config.sample_size or max(1, round(n / 4))
+        total_draws = self.config.sample_size or max(1, -(-n // 4))
         self.config = self.config.replace(sample_size=total_draws)  # recorded resolved
         draws = client_sample_sizes(self.graph.client_sizes, total_draws)
         if self.graph.client_id >= 0:
@@ -152,18 +156,26 @@ class Trainer:
                                        self.sample_rng, normalize=not self.config.no_normalize)
         self.draws_per_client = draws
 
+    def prepared(self, operator: LayerOperator) -> LayerOperator:
+        """Agree on the operator's exchange chunks with the other ranks (collective: the compact
+        exchanges send their row ids to the server here, once per operator)."""
+        if self.exchange is not None and operator.exchange is not None:
+            self.exchange.prepare(operator.exchange)
+        return operator
+
     def auto_steps_per_epoch(self) -> int:
-        """``--steps-per-epoch 0``: with node sampling, ceil(n / s) steps, so an epoch draws about
-        n nodes (one pass over the graph, as an epoch of any mini-batch trainer); without it, one
-        full-graph step. Why not one sampled step: at s = n/4, 200 such steps left ours 2.8
+        """``--steps-per-epoch 0``: with node sampling, ceil(n / s - 1e-6) steps (4 at the default
+        s = ceil(n / 4); with s = floor(n / 4), ogbn-products' n / s = 4.0000016 gave 5), so an
+        epoch draws about n nodes (one pass over the graph, as an epoch of any mini-batch
+        trainer); without it, one full-graph step. Why not one sampled step: at s = n/4, 200 such steps left ours 2.8
         points below centralized GCN on amazon-computers (88.27 vs 91.09), 4 per epoch put it
         0.9 above, and splitting the same n/4 draws over 4 steps lost accuracy instead (85.7 at
         s = n/16): the estimator's variance grows as the sample shrinks (docs/training.md).
         The baselines take 1: their epochs are already passes over their data."""
         if self.draws_per_client is None:
             return 1
-        n = int(self.graph.client_sizes.sum())
-        return max(1, -(-n // int(self.draws_per_client.sum())))
+        return steps_for_sample(int(self.graph.client_sizes.sum()),
+                                int(self.draws_per_client.sum()))
 
     def sample_capacity(self) -> int:
         """The most nodes any client's sample can hold, the same on every rank: s_i draws give at
@@ -198,15 +210,16 @@ class Trainer:
         table = self.comm.allgather_rows(packed)
         by_rank = [row[2:2 + row[0]] for row in table]
         samples = by_rank[1:] if self.distributed else by_rank
-        operator = build_operator(self.graph, self.config.backbone, samples, probability,
-                                  self.dtype, exchanged=self.distributed)
+        operator = self.prepared(build_operator(self.graph, self.config.backbone, samples,
+                                                probability, self.dtype,
+                                                exchanged=self.distributed))
         return operator, int(table[:, 1].sum())
 
     def loss_and_gradients(self, operator: LayerOperator, global_train_rows: int) -> float:
         """Phases forward, loss, backward, gradient sum: leaves the GLOBAL gradient in every
         parameter's .grad on every rank and returns the global loss."""
         if self.serves_no_nodes:
-            return self._server_loss_and_gradients(operator.exchange.segment_rows)
+            return self._server_loss_and_gradients(operator.exchange)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
         # The full-graph operator's rows are all nodes in order: no copy of the features.
@@ -226,21 +239,18 @@ class Trainer:
         return float(summed[-1])
 
     # -- the server's share of a step: sums only ---------------------------------------------
-    def _server_exchanges(self, segment_rows: np.ndarray, backward: bool) -> None:
+    def _server_exchanges(self, plan: CrossExchangePlan, backward: bool) -> None:
         """The cross-client exchanges of one forward pass (layers 1..L) and, when training, of
         its backward pass (layers L..1), in the order every client's autograd runs them. The
         server contributes zeros to each sum: it has no nodes, so it builds no operator and
         runs no model (doing so on an empty graph cost it, in cProfile, about half of a client's
         CPU per step outside MPI)."""
         widths = self.model.widths[1:]
-        total_rows = int(np.sum(segment_rows))
-        star = self.config.exchange == "star"
         for width in widths + (widths[::-1] if backward else []):
-            self.comm.sum_segments_to_owners(np.zeros((total_rows, width), self.numpy_dtype),
-                                             segment_rows, star)
+            self.exchange(plan, torch.zeros((0, width), dtype=self.dtype))
 
-    def _server_loss_and_gradients(self, segment_rows: np.ndarray) -> float:
-        self._server_exchanges(segment_rows, backward=True)
+    def _server_loss_and_gradients(self, plan: CrossExchangePlan) -> float:
+        self._server_exchanges(plan, backward=True)
         size = sum(p.numel() for p in self.model.parameters())
         return self._sum_gradients_and_loss(np.zeros(size, dtype=self.numpy_dtype), 0.0)
 
@@ -254,7 +264,7 @@ class Trainer:
     @torch.no_grad()
     def full_logits(self) -> torch.Tensor:
         if self.serves_no_nodes:
-            self._server_exchanges(self.graph.client_sizes, backward=False)
+            self._server_exchanges(self.full_operator.exchange, backward=False)
             return torch.zeros((0, self.num_classes), dtype=self.dtype)
         self.model.eval()
         return self.model(self.x, self.full_operator, self.exchange)
@@ -285,7 +295,8 @@ class Trainer:
                 scores = self.evaluate()
             epoch_seconds = time.perf_counter() - start
             stats = np.asarray([epoch_seconds, train_seconds - train_comm, train_comm,
-                                self.comm.bytes_sent, self.comm.bytes_received, peak_rss_mb()])
+                                self.comm.bytes_sent, self.comm.bytes_received, peak_rss_mb(),
+                                self.comm.exchange_bytes_sent, self.comm.exchange_bytes_received])
             table = self.comm.gather_rows(stats)
             self.state.epoch = epoch
             if self.comm.is_server:
@@ -304,13 +315,15 @@ class Trainer:
         # Training time only (evaluation excluded from compute/comm, included in epoch_seconds);
         # rank 0 is the server, rank r the client r - 1.
         per_rank = {name: table[:, k].tolist() for k, name in enumerate(RANK_STATS)}
-        for name in ("bytes_sent", "bytes_received"):
+        for name in BYTE_STATS:
             per_rank[name] = [int(v) for v in per_rank[name]]
         record.update({"epoch_seconds": float(table[:, 0].max()),
                        "compute_seconds": float(table[:, 1].max()),
                        "comm_seconds": float(table[:, 2].max()), "per_rank": per_rank,
                        "bytes_sent": per_rank["bytes_sent"],
                        "bytes_received": per_rank["bytes_received"],
+                       "exchange_bytes_sent": per_rank["exchange_bytes_sent"],
+                       "exchange_bytes_received": per_rank["exchange_bytes_received"],
                        "peak_rss_mb": per_rank["peak_rss_mb"]})
         assert self.run_dir is not None
         self.run_dir.append_metrics(record)

@@ -1,41 +1,60 @@
 """The test that matters most: the distributed model equals centralized training.
 
-With no sampling and no dropout, for 1-4 clients, logits, loss and every weight gradient of the
-MPI run equal (1e-10 in float64, 1e-5 in float32) both the program's own centralized mode and
-PyG's GCNConv / GraphConv given the same weights.
+With no dropout, for 1-4 clients, logits, loss and every weight gradient of the MPI run equal
+(1e-10 in float64, 1e-5 in float32) the program's own centralized mode, on the full graph and on
+one fixed sample, and PyG's GCNConv / GraphConv given the same weights (full graph), for every
+exchange mode, with the default buffers and with one-row chunks.
 """
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
 
-from graphs import Graph, random_parts, write_shards
+from graphs import Graph, random_graph, random_parts, write_shards
 from mpi_util import REPO, run_mpi
 from mpifgl.config import TrainConfig
 from mpifgl.graph import ClientGraph
-from mpifgl.model import flat_grads
+from mpifgl.model import flat_grads, select_rows
+from mpifgl.sampling import NodeSample
 from mpifgl.shards import load_client_shard, read_manifest, shard_filename
 from mpifgl.trainer import LocalComm, Trainer
 
 PROBE = str(REPO / "tests" / "mpi_scripts" / "probe_exactness.py")
+sys.path.insert(0, str(REPO / "tests" / "mpi_scripts"))
+from probe_exactness import fixed_sample  # noqa: E402  (the probe's sample, same code)
 TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
 CASES = [(b, d) for b in ("gcn", "1gnn") for d in ("float64", "float32")]
 
 
-def centralized_reference(shard_dir, backbone: str, dtype: str, layers: int):
-    """The program's own centralized mode on the merged shards, outputs in global order."""
+def centralized_reference(shard_dir, backbone: str, dtype: str, layers: int, sampled=False):
+    """The program's own centralized mode on the merged shards, outputs in global order; with
+    ``sampled``, one step on the probe's fixed sample (logits of the sampled rows only)."""
     manifest = read_manifest(shard_dir)
     shards = [load_client_shard(shard_dir / shard_filename(i)) for i in range(manifest.num_clients)]
     graph = ClientGraph.merged(shards)
     config = TrainConfig(backbone=backbone, dtype=dtype, dropout=0.0, sampling="none",
                          layers=layers, hidden=16, seed=3)
     trainer = Trainer(config, LocalComm(), graph, manifest.num_classes, None)
-    loss = trainer.loss_and_gradients(trainer.full_operator, trainer.global_split_counts["train"])
-    logits = np.empty_like(trainer.full_logits().numpy())
-    logits[graph.global_id] = trainer.full_logits().numpy()
-    return loss, flat_grads(trainer.model), logits, trainer.model.state_dict()
+    if not sampled:
+        loss = trainer.loss_and_gradients(trainer.full_operator,
+                                          trainer.global_split_counts["train"])
+        logits = np.empty_like(trainer.full_logits().numpy())
+        logits[graph.global_id] = trainer.full_logits().numpy()
+        return loss, flat_grads(trainer.model), logits, trainer.model.state_dict()
+    samples = fixed_sample(manifest.client_sizes())
+    offsets = np.concatenate([[0], np.cumsum(manifest.client_sizes())])
+    merged = NodeSample(np.concatenate([offsets[j] + s.index for j, s in enumerate(samples)]),
+                        np.concatenate([s.probability for s in samples]))
+    operator, train_rows = trainer.operator_for_sample(merged)
+    loss = trainer.loss_and_gradients(operator, train_rows)
+    trainer.model.eval()
+    logits = trainer.model(select_rows(trainer.x, operator.rows), operator, None).detach().numpy()
+    order = np.argsort(graph.global_id[operator.rows])
+    return loss, flat_grads(trainer.model), logits[order], graph.global_id[operator.rows][order]
 
 
 def pyg_reference(graph: Graph, state_dict, backbone: str, dtype: str, layers: int):
@@ -83,22 +102,83 @@ def check_against_references(graph: Graph, shard_dir, layers: int, probe_file):
             assert_close(results[f"{key}_logits"], reference[2], tol, f"{key} logits vs {name}")
             assert_close(results[f"{key}_loss"], reference[0], tol, f"{key} loss vs {name}")
             assert_close(results[f"{key}_grads"], reference[1], tol, f"{key} grads vs {name}")
+        loss, grads, logits, ids = centralized_reference(shard_dir, backbone, dtype, layers,
+                                                         sampled=True)
+        np.testing.assert_array_equal(results["sampled_ids"], ids)
+        assert_close(results[f"sampled_{key}_logits"], logits, tol, f"sampled {key} logits")
+        assert_close(results[f"sampled_{key}_loss"], loss, tol, f"sampled {key} loss")
+        assert_close(results[f"sampled_{key}_grads"], grads, tol, f"sampled {key} grads")
+
+
+def run_probe(shard_dir, out, ranks: int, layers: int, mode: str = "compact",
+              buffer_mb: float = 256.0):
+    done = run_mpi(ranks, [PROBE, str(shard_dir), str(out), str(layers), mode, str(buffer_mb)],
+                   timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return np.load(out)
 
 
 @pytest.mark.mpi
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(260)
 @pytest.mark.parametrize("num_clients", [1, 2, 3, 4])
 def test_distributed_equals_centralized_small_graph(toy_graph, tmp_path, num_clients):
     shard_dir = write_shards(toy_graph, random_parts(toy_graph.num_nodes, num_clients, seed=5),
                              tmp_path / "shards")
     out = tmp_path / "probe.npz"
-    done = run_mpi(num_clients + 1, [PROBE, str(shard_dir), str(out), "3"], timeout=150)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_probe(shard_dir, out, num_clients + 1, 3)
     check_against_references(toy_graph, shard_dir, 3, out)
 
 
+# A cap of a few rows (4 float64 rows of the widest layer, 16) makes every exchange many chunks;
+# one-row chunks (any cap below a row) work too but cost minutes under mpirun on 2 cores.
+TINY_MB = 4 * 16 * 8 / 2 ** 20
+
+
 @pytest.mark.mpi
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(500)
+@pytest.mark.parametrize("mode", ["compact", "compact-reduce", "reduce", "star"])
+def test_every_exchange_mode_with_tiny_chunks_equals_centralized(toy_graph, tmp_path, mode):
+    """Chunked exchanges compute the same model: bit for bit where the server sums (compact,
+    star), to float rounding where MPI_Reduce does."""
+    shard_dir = write_shards(toy_graph, random_parts(toy_graph.num_nodes, 3, seed=5),
+                             tmp_path / "shards")
+    whole = run_probe(shard_dir, tmp_path / "whole.npz", 4, 2, mode)
+    chunked = run_probe(shard_dir, tmp_path / "chunked.npz", 4, 2, mode, TINY_MB)
+    check_against_references(toy_graph, shard_dir, 2, tmp_path / "chunked.npz")
+    for key in whole.files:
+        if mode in ("compact", "star"):
+            np.testing.assert_array_equal(chunked[key], whole[key], err_msg=key)
+        else:
+            assert_close(chunked[key], whole[key], 1e-12 if "float64" in key else 1e-6, key)
+
+
+def two_islands_graph() -> tuple[Graph, np.ndarray]:
+    """A graph of two components: the first split over clients 0 and 1, the second (with an
+    isolated node) all on client 2, which therefore sends and receives no cross terms."""
+    first = random_graph(n=40, avg_degree=5, d=7, classes=3, seed=12, isolated=0)
+    second = random_graph(n=20, avg_degree=4, d=7, classes=3, seed=13, isolated=1)
+    graph = Graph(sp.block_diag([first.adj, second.adj], format="csr").astype(np.float32),
+                  np.vstack([first.x, second.x]), np.concatenate([first.y, second.y]),
+                  *(np.concatenate([getattr(first, m), getattr(second, m)])
+                    for m in ("train_mask", "val_mask", "test_mask")))
+    parts = np.concatenate([random_parts(40, 2, seed=3), np.full(20, 2)])
+    return graph, parts
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(260)
+@pytest.mark.parametrize("mode,buffer_mb", [("compact", 256.0), ("compact", TINY_MB),
+                                            ("compact-reduce", TINY_MB)])
+def test_owner_that_receives_nothing(tmp_path, mode, buffer_mb):
+    graph, parts = two_islands_graph()
+    shard_dir = write_shards(graph, parts, tmp_path / "shards")
+    out = tmp_path / "probe.npz"
+    run_probe(shard_dir, out, 4, 2, mode, buffer_mb)
+    check_against_references(graph, shard_dir, 2, out)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(500)
 def test_star_exchange_equals_centralized_and_reduce(toy_graph, tmp_path):
     """--exchange star (Gather at the server, summed there in client order) computes the same
     model as the Reduce exchange and as centralized training."""
@@ -107,8 +187,7 @@ def test_star_exchange_equals_centralized_and_reduce(toy_graph, tmp_path):
     outputs = {}
     for mode in ("star", "reduce"):
         outputs[mode] = tmp_path / f"{mode}.npz"
-        done = run_mpi(4, [PROBE, str(shard_dir), str(outputs[mode]), "2", mode], timeout=150)
-        assert done.returncode == 0, done.stderr[-3000:]
+        run_probe(shard_dir, outputs[mode], 4, 2, mode)
     check_against_references(toy_graph, shard_dir, 2, outputs["star"])
     star, reduce = np.load(outputs["star"]), np.load(outputs["reduce"])
     for key in star.files:
@@ -124,8 +203,7 @@ def test_distributed_equals_centralized_cora(cora_graph, tmp_path, num_clients):
     shard_dir = write_shards(cora_graph, random_parts(cora_graph.num_nodes, num_clients, seed=1),
                              tmp_path / "shards", dataset="cora")
     out = tmp_path / "probe.npz"
-    done = run_mpi(num_clients + 1, [PROBE, str(shard_dir), str(out), "2"], timeout=200)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_probe(shard_dir, out, num_clients + 1, 2)
     check_against_references(cora_graph, shard_dir, 2, out)
 
 

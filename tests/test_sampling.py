@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from graphs import random_graph, random_parts, write_shards
+from mpifgl.exchange import dense_terms
 from mpifgl.graph import ClientGraph, build_operator
 from mpifgl.model import GCNLayer, OneGNNLayer
 from mpifgl.sampling import (NodeSampler, client_sample_sizes, group_counts, inclusion_probability,
@@ -86,8 +87,7 @@ def _layer_outputs(clients, layer, samples, probabilities):
     xs = [torch.from_numpy(c.x).to(dtype)[op.rows] for c, op in zip(clients, ops)]
     sends = []
     for x, op in zip(xs, ops):  # pass 1: record what each client sends
-        layer(x, op, lambda plan, send: (sends.append(send.clone()), send.new_zeros(
-            (int(plan.segment_rows[plan.own_segment]), send.shape[1])))[1])
+        layer(x, op, lambda plan, y: (sends.append(dense_terms(plan, y)), torch.zeros_like(y))[1])
     total = torch.stack(sends).sum(dim=0)
     starts = np.concatenate([[0], np.cumsum(ops[0].exchange.segment_rows)])
     return [layer(x, op, lambda plan, send: total[starts[plan.own_segment]:

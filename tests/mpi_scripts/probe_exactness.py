@@ -1,9 +1,12 @@
-"""Run under mpirun: one full-graph forward/backward (no dropout, no sampling) for every
-backbone x dtype; the server writes logits (global order), loss and summed gradients to NPZ.
+"""Run under mpirun: for every backbone x dtype, one full-graph forward/backward and one step on a
+fixed sample (no dropout); the server writes logits (global order), loss and summed gradients
+to NPZ (sampled keys prefixed ``sampled_``, with the sampled rows' global ids).
 
-    mpirun -n M+1 python tests/mpi_scripts/probe_exactness.py SHARD_DIR OUT.npz LAYERS [EXCHANGE]
+    mpirun -n M+1 python tests/mpi_scripts/probe_exactness.py SHARD_DIR OUT.npz LAYERS \
+        [EXCHANGE [BUFFER_MB]]
 
-EXCHANGE: reduce (default) or star, the server's way of summing the cross-client terms.
+EXCHANGE: one of mpifgl.exchange.MODES (default compact); BUFFER_MB: --exchange-buffer-mb (tiny
+values force one-row chunks). The sample: ``fixed_sample`` below, the same on every rank.
 """
 import sys
 
@@ -12,39 +15,79 @@ import numpy as np
 from mpifgl.comm import world
 from mpifgl.config import TrainConfig
 from mpifgl.graph import ClientGraph
-from mpifgl.model import flat_grads
+from mpifgl.model import flat_grads, select_rows
+from mpifgl.sampling import NodeSample
 from mpifgl.shards import read_manifest
 from mpifgl.trainer import Trainer
 
+SAMPLE_KEEP = 0.6
 
-def main(shard_dir: str, out: str, layers: int, exchange: str) -> None:
+
+def fixed_sample(client_sizes) -> list[NodeSample]:
+    """Every client's sample: each node kept with probability SAMPLE_KEEP (seeded), p = 0.6."""
+    rng = np.random.default_rng(123)
+    samples = []
+    for n_j in client_sizes:
+        index = np.flatnonzero(rng.random(int(n_j)) < SAMPLE_KEEP).astype(np.int64)
+        samples.append(NodeSample(index, np.full(index.shape[0], SAMPLE_KEEP)))
+    return samples
+
+
+def gather_in_global_order(comm, logits, global_id, num_rows):
+    parts = comm.gatherv_rows(logits)
+    ids = comm.gatherv_rows(global_id[:, None].astype(np.int64))
+    if not comm.is_server:
+        return None, None
+    order = np.concatenate([p[:, 0] for p in ids])
+    stacked = np.concatenate(parts)
+    ordering = np.argsort(order)
+    return stacked[ordering], order[ordering]
+
+
+def main(shard_dir: str, out: str, layers: int, exchange: str, buffer_mb: float) -> None:
     comm = world()
     manifest = read_manifest(shard_dir)
     graph = ClientGraph.for_rank(shard_dir, manifest, comm.client_id)
+    samples = fixed_sample(manifest.client_sizes())
     results = {}
     for backbone in ("gcn", "1gnn"):
         for dtype in ("float64", "float32"):
             config = TrainConfig(shards=shard_dir, backbone=backbone, dtype=dtype, dropout=0.0,
                                  sampling="none", layers=layers, hidden=16, seed=3,
-                                 exchange=exchange)
+                                 exchange=exchange, exchange_buffer_mb=buffer_mb)
             trainer = Trainer(config, comm, graph, manifest.num_classes, None)
+            key = f"{backbone}_{dtype}"
             loss = trainer.loss_and_gradients(trainer.full_operator,
                                               trainer.global_split_counts["train"])
             grads = flat_grads(trainer.model)
-            logits = trainer.full_logits().numpy()
-            parts = comm.gatherv_rows(logits)
-            ids = comm.gatherv_rows(graph.global_id[:, None].astype(np.int64))
+            logits, _ = gather_in_global_order(comm, trainer.full_logits().numpy(),
+                                               graph.global_id, manifest.num_nodes)
             if comm.is_server:
-                ordered = np.empty((manifest.num_nodes, logits.shape[1]), dtype=logits.dtype)
-                ordered[np.concatenate([p[:, 0] for p in ids])] = np.concatenate(parts)
-                key = f"{backbone}_{dtype}"
-                results[f"{key}_loss"] = np.asarray(loss)
-                results[f"{key}_grads"] = grads
-                results[f"{key}_logits"] = ordered
+                results[f"{key}_loss"], results[f"{key}_grads"] = np.asarray(loss), grads
+                results[f"{key}_logits"] = logits
+            # one step on the fixed sample
+            own = samples[comm.client_id] if comm.client_id >= 0 else None
+            operator, train_rows = trainer.operator_for_sample(own)
+            loss = trainer.loss_and_gradients(operator, train_rows)
+            grads = flat_grads(trainer.model)
+            if comm.is_server:
+                trainer._server_exchanges(operator.exchange, backward=False)
+                sampled_logits = np.zeros((0, manifest.num_classes))
+            else:
+                trainer.model.eval()
+                sampled_logits = trainer.model(select_rows(trainer.x, operator.rows), operator,
+                                               trainer.exchange).detach().numpy()
+            logits, ids = gather_in_global_order(comm, sampled_logits.astype(np.float64),
+                                                 graph.global_id[operator.rows], 0)
+            if comm.is_server:
+                results[f"sampled_{key}_loss"], results[f"sampled_{key}_grads"] = \
+                    np.asarray(loss), grads
+                results[f"sampled_{key}_logits"], results["sampled_ids"] = logits, ids
     if comm.is_server:
         np.savez(out, **results)
 
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], int(sys.argv[3]),
-         sys.argv[4] if len(sys.argv) > 4 else "reduce")
+         sys.argv[4] if len(sys.argv) > 4 else "compact",
+         float(sys.argv[5]) if len(sys.argv) > 5 else 256.0)

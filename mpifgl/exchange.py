@@ -1,0 +1,341 @@
+"""The cross-client exchange: the sum over other clients of their terms A_ij y_j, forward and
+backward, through the server. No mpi4py here: every message goes through a Communicator.
+
+For one sample S (or the full graph), client i's terms for every client are the rows of
+``send = A_i,cross[S_i, S]^T y_i`` [n_S, d], laid out by S-position (client-ordered sampled
+rows, ``graph.sample_columns``). Only the rows some own node is adjacent to are non-zero:
+``plan.touched`` (t_i rows). Owner j needs the sum of all clients' rows of its segment; the rows
+of that sum that can be non-zero are its own sampled nodes with a cross edge into S,
+``plan.receive_rows`` (u_j rows), which j knows from its own cross block (A_ji = A_ij^T).
+
+Modes (``--exchange``):
+
+* compact (default): per plan, each client sends the server its touched row ids (int32 while
+  n_S < 2^31) once; per exchange, only the values of its touched rows (Gatherv). The server sums
+  them per row in client order (deterministic) and sends each owner the values of its
+  receive rows only (Scatterv; the owner knows which rows they are, no ids come back).
+* compact-reduce: same ids; the server answers each client with the positions of its rows in the
+  union U of all touched rows (U = the owners' receive rows end to end); per exchange every
+  client fills a [|U|, d] buffer and MPI_Reduce sums it (partial sums may be added on other
+  client ranks), then the same Scatterv.
+* reduce, star: the dense [n_S, d] buffer of every S-position (MPI_Reduce, or Gather summed at
+  the server in client order), then Scatterv of each owner's whole segment.
+
+Memory: every exchange runs in chunks of consecutive rows whose buffers (a client's send rows
+and reduce buffer, the server's gathered rows and sums, the scattered rows) fit the row budget
+``buffer_bytes / (max width * itemsize)``. All ranks agree on the chunks before the first
+collective: the dense modes derive them from n_S, the compact ones get them from the server,
+which alone knows how many senders touch each row. A chunk holds at least one row.
+
+The operator is self-adjoint over all clients (DESIGN.md section 1), so the backward pass is the
+same exchange applied to the gradient, with the same plan and chunks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import numpy as np
+import torch
+
+from mpifgl.graph import CrossExchangePlan, CSRArrays
+
+MODES = ("compact", "compact-reduce", "reduce", "star")
+COMPACT_MODES = ("compact", "compact-reduce")
+
+# (plan, y [|S_i|, d]) -> this client's cross sum [|S_i|, d]; collective
+ExchangeFn = Callable[[CrossExchangePlan, torch.Tensor], torch.Tensor]
+
+
+class ExchangeComm(Protocol):
+    """The Communicator's part the exchange uses (mpifgl.comm.Communicator implements it)."""
+
+    rank: int
+    size: int
+    is_server: bool
+
+    def counting_exchange(self): ...
+    def allgather_rows(self, row: np.ndarray) -> np.ndarray: ...
+    def gatherv(self, send: np.ndarray, counts: np.ndarray | None) -> np.ndarray | None: ...
+    def scatterv(self, send: np.ndarray | None, counts: np.ndarray | None, receive_count: int,
+                 dtype: np.dtype) -> np.ndarray: ...
+    def reduce_sum(self, buffer: np.ndarray) -> np.ndarray | None: ...
+    def gather_equal(self, send: np.ndarray) -> np.ndarray | None: ...
+    def broadcast_array(self, values: np.ndarray | None) -> np.ndarray: ...
+
+
+@dataclass
+class Routing:
+    """What one rank knows of a plan's chunks after ``CrossClientExchange.prepare``.
+
+    The summed rows are indexed in "sum space": S-positions for the dense modes, positions in U
+    for the compact ones. Owner j's rows are sum rows ``owner_start[j]..owner_start[j+1]``."""
+
+    position_bounds: np.ndarray  # int64 [k+1]: chunk c covers S-positions [b[c], b[c+1])
+    row_bounds: np.ndarray  # int64 [k+1]: ... and sum rows [r[c], r[c+1])
+    owner_start: np.ndarray  # int64 [m+1]
+    # a client's side
+    send_bounds: np.ndarray  # int64 [k+1]: its touched rows of chunk c are [s[c], s[c+1])
+    send_sum_rows: np.ndarray | None  # int64 [t_i]: sum row of each touched row (buffer modes)
+    # the server's side (compact): every client's rows per chunk, and per chunk the 0/1 matrix
+    # [chunk sum rows, gathered rows] that adds the gathered rows up in client order
+    sender_bounds: np.ndarray | None = None  # int64 [m, k+1]
+    sum_matrices: list[CSRArrays] | None = None
+
+    @property
+    def num_chunks(self) -> int:
+        return int(self.row_bounds.shape[0]) - 1
+
+
+def chunk_bounds(cost: np.ndarray, budget: int) -> np.ndarray:
+    """Cut rows 0..len(cost) into consecutive chunks whose costs add up to at most ``budget``
+    (a single row costing more gets a chunk of its own) -> int64 [k+1] bounds, [0] if no rows."""
+    cumulative = np.concatenate([[0], np.cumsum(cost, dtype=np.int64)])
+    bounds = [0]
+    while bounds[-1] < cost.shape[0]:
+        start = bounds[-1]
+        end = int(np.searchsorted(cumulative, cumulative[start] + budget, side="right")) - 1
+        bounds.append(max(end, start + 1))
+    return np.asarray(bounds, dtype=np.int64)
+
+
+def _rows_in(bounds_low: int, bounds_high: int, start: np.ndarray, stop: np.ndarray) -> np.ndarray:
+    """Per owner, how many of its sum rows [start, stop) lie in [bounds_low, bounds_high)."""
+    return np.clip(stop, bounds_low, bounds_high) - np.clip(start, bounds_low, bounds_high)
+
+
+class CrossClientExchange:
+    """One rank's side of every cross-client exchange of a run (a callable ExchangeFn).
+
+    ``prepare(plan)`` once per plan (collective), then ``self(plan, y)`` per layer and direction
+    (collective; the server passes y of shape [0, d])."""
+
+    def __init__(self, comm: ExchangeComm, mode: str, buffer_bytes: int, max_width: int,
+                 dtype: np.dtype):
+        if mode not in MODES:
+            raise ValueError(f"--exchange {mode!r}, expected one of {', '.join(MODES)}")
+        self.comm = comm
+        self.mode = mode
+        self.dtype = np.dtype(dtype)
+        # rows of the widest exchange that fit the buffer cap
+        self.row_budget = max(1, int(buffer_bytes) // (max(1, max_width) * self.dtype.itemsize))
+        self.id_budget = max(1, int(buffer_bytes) // (8 * comm.size))  # ids per rank per round
+
+    # -- once per plan --------------------------------------------------------------------------
+    def prepare(self, plan: CrossExchangePlan) -> None:
+        """Agree on the chunks of ``plan`` (compact modes: send the touched row ids to the server,
+        which checks them against the owners' counts and broadcasts the chunk bounds)."""
+        with self.comm.counting_exchange():
+            if self.mode in COMPACT_MODES:
+                plan.routing = self._prepare_compact(plan)
+            else:
+                plan.routing = self._prepare_dense(plan)
+
+    def _prepare_dense(self, plan: CrossExchangePlan) -> Routing:
+        total = int(plan.segment_rows.sum())
+        # reduce: a send buffer and the product rows on a client; star: the server gathers
+        # every rank's chunk and holds their sum
+        buffers_per_row = 2 if self.mode == "reduce" else self.comm.size + 1
+        rows_per_chunk = max(1, self.row_budget // buffers_per_row)
+        bounds = np.append(np.arange(0, total, rows_per_chunk, dtype=np.int64), total)
+        if total == 0:
+            bounds = np.zeros(1, dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(plan.segment_rows)]).astype(np.int64)
+        return Routing(bounds, bounds, starts, np.searchsorted(plan.touched, bounds),
+                       plan.touched)
+
+    def _prepare_compact(self, plan: CrossExchangePlan) -> Routing:
+        comm = self.comm
+        total = int(plan.segment_rows.sum())
+        id_dtype = np.int32 if total < 2 ** 31 else np.int64
+        counts = comm.allgather_rows(np.asarray([plan.touched.shape[0],
+                                                 plan.receive_rows.shape[0]], dtype=np.int64))
+        touched_counts, receive_counts = counts[1:, 0], counts[1:, 1]
+        owner_start = np.concatenate([[0], np.cumsum(receive_counts)]).astype(np.int64)
+        rounds = -(-int(touched_counts.max(initial=0)) // self.id_budget)
+        # the ids, in rounds of at most id_budget per rank (bounded buffers and MPI counts)
+        pieces: list[list[np.ndarray]] = [[] for _ in touched_counts]
+        for r in range(rounds):
+            low = r * self.id_budget
+            mine = plan.touched[low:low + self.id_budget].astype(id_dtype)
+            per_rank = np.clip(np.concatenate([[0], touched_counts]) - low, 0, self.id_budget)
+            flat = comm.gatherv(mine, per_rank if comm.is_server else None)
+            if flat is not None:
+                cuts = np.cumsum(per_rank)
+                for j in range(touched_counts.shape[0]):
+                    pieces[j].append(flat[cuts[j]:cuts[j + 1]])
+        server_side = self._server_routing(pieces, plan, receive_counts) if comm.is_server else None
+        bounds = comm.broadcast_array(server_side[0] if server_side is not None else None)
+        if bounds.shape[0] == 0:
+            raise ValueError("the server found the clients' touched rows inconsistent with the "
+                             "owners' cross blocks (A_ij != A_ji^T in the shards?)")
+        position_bounds, row_bounds = bounds.reshape(2, -1)
+        sum_rows = None
+        if self.mode == "compact-reduce":
+            sum_rows = self._scatter_sum_rows(server_side, touched_counts, plan, id_dtype, rounds)
+        routing = Routing(position_bounds, row_bounds, owner_start,
+                          np.searchsorted(plan.touched, position_bounds), sum_rows)
+        if server_side is not None:
+            routing.sender_bounds = server_side[2]
+            if self.mode == "compact":
+                routing.sum_matrices = self._sum_matrices(server_side[1], server_side[2],
+                                                          row_bounds)
+        return routing
+
+    def _server_routing(self, pieces: list[list[np.ndarray]], plan: CrossExchangePlan,
+                        receive_counts: np.ndarray):
+        """The server's plan: the union U of touched rows, chunk bounds by cost, and every
+        sender's rows in U. Returns (bounds [2(k+1)] or [] on inconsistency, rows, cuts)."""
+        ids = [np.concatenate(p).astype(np.int64) if p else np.zeros(0, np.int64) for p in pieces]
+        union, senders_per_row = np.unique(np.concatenate(ids) if ids else np.zeros(0, np.int64),
+                                           return_counts=True)
+        segment_start = np.concatenate([[0], np.cumsum(plan.segment_rows)]).astype(np.int64)
+        owner = np.searchsorted(segment_start, union, side="right") - 1
+        per_owner = np.bincount(owner, minlength=receive_counts.shape[0])
+        if not np.array_equal(per_owner, receive_counts):
+            return np.zeros(0, np.int64), None, None
+        # compact: the gathered rows of every sender and the sum; compact-reduce: the reduce
+        # buffer and the product rows on a client
+        cost = senders_per_row + 1 if self.mode == "compact" else np.full(union.shape, 2)
+        row_bounds = chunk_bounds(cost, self.row_budget)
+        position_bounds = np.append(union[row_bounds[:-1]], int(segment_start[-1]))
+        if union.shape[0] == 0:
+            position_bounds = np.zeros(1, dtype=np.int64)
+        sender_rows = [np.searchsorted(union, s) for s in ids]
+        sender_bounds = np.stack([np.searchsorted(r, row_bounds) for r in sender_rows]) \
+            if sender_rows else np.zeros((0, row_bounds.shape[0]), np.int64)
+        return np.concatenate([position_bounds, row_bounds]), sender_rows, sender_bounds
+
+    def _sum_matrices(self, sender_rows: list[np.ndarray], sender_bounds: np.ndarray,
+                      row_bounds: np.ndarray) -> list[CSRArrays]:
+        """Per chunk, the matrix that adds the gathered rows (client-major, as Gatherv lays them
+        out) into the chunk's sum rows. Its CSR kernel adds each row's entries in client order
+        starting from zero, like a loop of fancy-index additions but without their gather and
+        scatter passes; the stable sort keeps the client order within a row."""
+        matrices = []
+        total = max([int(np.diff(sender_bounds[:, c:c + 2]).sum())
+                     for c in range(row_bounds.shape[0] - 1)], default=0)
+        ones = np.ones(total, dtype=self.dtype)
+        for c in range(row_bounds.shape[0] - 1):
+            low, rows = int(row_bounds[c]), int(row_bounds[c + 1] - row_bounds[c])
+            target = np.concatenate([r[sender_bounds[j, c]:sender_bounds[j, c + 1]]
+                                     for j, r in enumerate(sender_rows)]) - low
+            order = np.argsort(target, kind="stable")
+            indptr = np.zeros(rows + 1, dtype=np.int64)
+            np.cumsum(np.bincount(target, minlength=rows), out=indptr[1:])
+            matrices.append(CSRArrays(indptr, order.astype(np.int64), ones[:order.shape[0]],
+                                      (rows, int(order.shape[0]))))
+        return matrices
+
+    def _scatter_sum_rows(self, server_side, touched_counts: np.ndarray, plan: CrossExchangePlan,
+                          id_dtype, rounds: int) -> np.ndarray:
+        """compact-reduce: every client learns the row in U of each of its touched rows."""
+        comm = self.comm
+        received = []
+        for r in range(rounds):
+            low = r * self.id_budget
+            per_rank = np.clip(np.concatenate([[0], touched_counts]) - low, 0, self.id_budget)
+            send = None
+            if server_side is not None:
+                send = np.concatenate([rows[low:low + self.id_budget] for rows in server_side[1]]
+                                      ).astype(id_dtype)
+            received.append(comm.scatterv(send, per_rank if comm.is_server else None,
+                                          int(per_rank[comm.rank]), id_dtype))
+        return (np.concatenate(received).astype(np.int64) if received
+                else np.zeros(plan.touched.shape[0], np.int64))
+
+    # -- one exchange ---------------------------------------------------------------------------
+    def __call__(self, plan: CrossExchangePlan, y: torch.Tensor) -> torch.Tensor:
+        """y [|S_i|, d] (the server: [0, d]) -> sum over other clients of their terms for this
+        client's rows [|S_i|, d] (the server: [0, d])."""
+        routing = plan.routing
+        assert routing is not None, "prepare(plan) must run before the plan's first exchange"
+        values = np.ascontiguousarray(y.detach().numpy(), dtype=self.dtype)
+        width = values.shape[1]
+        result = np.zeros((values.shape[0], width), dtype=self.dtype)
+        # compact modes: an owner's sum rows are its receive rows; dense: all its rows
+        receive_rows = plan.receive_rows if self.mode in COMPACT_MODES else None
+        with self.comm.counting_exchange():
+            for c in range(routing.num_chunks):
+                summed = self._sum_chunk(plan, routing, c, values)
+                self._scatter_chunk(routing, c, summed, result, receive_rows, plan.own_segment,
+                                    width)
+        return torch.from_numpy(result)
+
+    def _send_rows(self, plan: CrossExchangePlan, routing: Routing, c: int,
+                   values: np.ndarray) -> np.ndarray:
+        """This client's terms for chunk c's touched rows [rows, d] (a row slice of the
+        send matrix times y); [0, d] on the server."""
+        low, high = routing.send_bounds[c], routing.send_bounds[c + 1]
+        if plan.send_rows is None or high == low:
+            return np.zeros((int(high - low), values.shape[1]), dtype=self.dtype)
+        return plan.send_rows.row_slice(int(low), int(high)).matmul(values)
+
+    def _sum_chunk(self, plan: CrossExchangePlan, routing: Routing, c: int,
+                   values: np.ndarray) -> np.ndarray | None:
+        """The sums of chunk c's rows [rows, d] at the server, None elsewhere."""
+        comm, width = self.comm, values.shape[1]
+        low, high = int(routing.row_bounds[c]), int(routing.row_bounds[c + 1])
+        rows = self._send_rows(plan, routing, c, values)
+        if self.mode == "compact":
+            counts = None
+            if comm.is_server:
+                counts = np.concatenate([[0], np.diff(routing.sender_bounds[:, c:c + 2])[:, 0]])
+            flat = comm.gatherv(rows, None if counts is None else counts * width)
+            if flat is None:
+                return None
+            return routing.sum_matrices[c].matmul(flat.reshape(-1, width))
+        buffer = np.zeros((high - low, width), dtype=self.dtype)
+        if rows.shape[0]:
+            first, last = routing.send_bounds[c], routing.send_bounds[c + 1]
+            buffer[routing.send_sum_rows[first:last] - low] = rows
+        if self.mode == "star":
+            gathered = comm.gather_equal(buffer)
+            return (None if gathered is None else
+                    np.ascontiguousarray(gathered[1:].sum(axis=0, dtype=self.dtype)))
+        return comm.reduce_sum(buffer)
+
+    def _scatter_chunk(self, routing: Routing, c: int, summed: np.ndarray | None,
+                       result: np.ndarray, receive_rows: np.ndarray | None, own: int,
+                       width: int) -> None:
+        """Send each owner its rows of chunk c; this client writes its rows into ``result``."""
+        low, high = int(routing.row_bounds[c]), int(routing.row_bounds[c + 1])
+        per_owner = _rows_in(low, high, routing.owner_start[:-1], routing.owner_start[1:])
+        counts = np.concatenate([[0], per_owner]) * width
+        mine = int(per_owner[own]) if own >= 0 else 0
+        received = self.comm.scatterv(summed, counts if self.comm.is_server else None,
+                                      mine * width, self.dtype)
+        if mine:
+            first = max(low, int(routing.owner_start[own])) - int(routing.owner_start[own])
+            rows = (slice(first, first + mine) if receive_rows is None
+                    else receive_rows[first:first + mine])
+            result[rows] = received.reshape(mine, width)
+
+
+class _CrossClientSum(torch.autograd.Function):
+    """sum_{j != i} A_ij[S_i, S_j] y_j. Self-adjoint over all clients, so backward = the same
+    exchange applied to the incoming gradient (DESIGN.md section 1)."""
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, plan: CrossExchangePlan, exchange: ExchangeFn):  # type: ignore[override]
+        ctx.plan, ctx.exchange = plan, exchange
+        return exchange(plan, y.detach())
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        with torch.no_grad():
+            return ctx.exchange(ctx.plan, grad.contiguous()), None, None
+
+
+def cross_client_sum(y: torch.Tensor, plan: CrossExchangePlan, exchange: ExchangeFn) -> torch.Tensor:
+    return _CrossClientSum.apply(y, plan, exchange)
+
+
+def dense_terms(plan: CrossExchangePlan, y: torch.Tensor) -> torch.Tensor:
+    """This client's terms for every S-position [n_S, d] (zeros where it touches nothing): what
+    the dense modes send in one piece. For in-process simulations and tests."""
+    dense = torch.zeros((int(plan.segment_rows.sum()), y.shape[1]), dtype=y.dtype)
+    if plan.send_rows is not None and plan.touched.shape[0]:
+        dense[torch.from_numpy(plan.touched)] = torch.from_numpy(
+            plan.send_rows.matmul(y.detach().numpy()))
+    return dense
