@@ -15,8 +15,9 @@ once, on the first client count's shards):
   centralized  python -m mpifgl.train --algo centralized (one process, full batch)
 
 each for ``--epochs`` epochs with one full-graph evaluation at the end (--eval-every = epochs).
-A run that fails (non-zero exit, OOM kill, timeout) is recorded as ``failed (exit code, last
-stderr line)`` and the benchmark goes on. ``--scale 0.01`` tries the whole thing at 1/100 size.
+A run that fails (non-zero exit, OOM kill, timeout) is recorded as ``failed (exit code, its
+last error line)`` (output in --work/runs/<run>/output.log) and the benchmark goes on.
+``--scale 0.01`` tries the whole thing at 1/100 size.
 
 Printed per run (one column each; table format in docs/scale.md):
   train s/epoch     per epoch, max over ranks of that rank's compute + comm seconds: training
@@ -56,8 +57,8 @@ from mpifgl.experiments import mpi_env, mpirun_path  # noqa: E402
 
 PRODUCTS_NODES = 2_449_029
 PRODUCTS_EDGES = 61_859_140
-# The hard generator parameters (docs/scale.md): skewed classes and degrees, products' edge
-# homophily, weak features and ambiguous labels; centralized GCN lands near products' accuracy.
+# The hard generator parameters (docs/scale.md): skewed classes and degrees, homophily 0.8 of the
+# true classes, weak features and ambiguous labels; centralized GCN lands near products' accuracy.
 HARD_SYNTHETIC = {"syn_features": 100, "syn_classes": 47, "syn_homophily": 0.8,
                   "syn_feature_signal": 0.05, "syn_class_skew": 1.0, "syn_degree_skew": 1.0,
                   "syn_label_noise": 0.25}
@@ -97,7 +98,7 @@ def prepare(work: Path, clients: int, scale: float) -> Path:
 class Outcome:
     method: str
     clients: int
-    status: str = "done"  # done | failed (exit code, last stderr line)
+    status: str = "done"  # done | failed (exit code, error line)
     wall_seconds: float = 0.0
     process_peak_rss_mb: float | None = None  # wait4 ru_maxrss: the command's largest process
     train_seconds: list[float] = field(default_factory=list)  # per epoch, max over ranks
@@ -132,9 +133,9 @@ def run(method: str, clients: int, shards: Path, work: Path, epochs: int, exchan
     outcome = Outcome(method, clients)
     print(f"\n== {outcome.label}: {' '.join(command)}", flush=True)
     start = time.perf_counter()
-    stderr_path = out / "stderr.log"
-    with open(stderr_path, "w") as stderr:
-        process = subprocess.Popen(command, env=mpi_env(), cwd=REPO, stdout=stderr, stderr=stderr,
+    log_path = out / "output.log"  # stdout and stderr
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, env=mpi_env(), cwd=REPO, stdout=log, stderr=log,
                                    start_new_session=True)  # its own group: a timeout kills all
         try:
             status, rusage = _wait(process, timeout)
@@ -146,22 +147,22 @@ def run(method: str, clients: int, shards: Path, work: Path, epochs: int, exchan
     if rusage is not None:
         outcome.process_peak_rss_mb = rusage.ru_maxrss / 1024  # KB on Linux
     if outcome.status == "done" and (status != 0 or not (out / "final.json").exists()):
-        outcome.status = f"failed ({status}, {last_error_line(stderr_path)})"
+        outcome.status = f"failed ({status}, {last_error_line(log_path)})"
     read_metrics(outcome, out)
-    print(f"   {outcome.status}, {outcome.wall_seconds:.0f} s (log: {stderr_path})", flush=True)
+    print(f"   {outcome.status}, {outcome.wall_seconds:.0f} s (log: {log_path})", flush=True)
     return outcome
 
 
-def last_error_line(stderr_path: Path) -> str:
-    """The last stderr line that names an error or a signal (a Python exception, argparse,
+def last_error_line(log_path: Path) -> str:
+    """The last output line that names an error or a signal (a Python exception, argparse,
     mpirun's "exited on signal 9 (Killed)"), else the last line with words in it: mpirun's
     closing banner would otherwise hide the cause."""
-    lines = [line.strip() for line in stderr_path.read_text(errors="replace").splitlines()
+    lines = [line.strip() for line in log_path.read_text(errors="replace").splitlines()
              if re.search(r"[A-Za-z]", line)]
     for line in reversed(lines):
         if re.search(r"error|exception|killed|signal|out of memory", line, re.IGNORECASE):
             return line
-    return lines[-1] if lines else "no stderr"
+    return lines[-1] if lines else "no output"
 
 
 def _wait(process: subprocess.Popen, timeout: float) -> tuple[int, object]:

@@ -33,7 +33,7 @@ class SyntheticConfig:
         "(0: balanced; 1: the largest of 47 classes holds 22%%, the smallest 0.5%%)"))
     degree_skew: float = field(default=0.0, metadata=_help(
         "sigma of the log-normal node weights edge ends are drawn in proportion to (0: uniform "
-        "ends, Poisson degrees; 1: a heavy tail of hubs)"))
+        "ends, Poisson degrees; 1: a heavy tail of hubs), in [0, 2]"))
     label_noise: float = field(default=0.0, metadata=_help(
         "fraction of nodes whose label is replaced, after edges and features are drawn from "
         "their class, by the label of a random node (ambiguous categories as in "
@@ -63,8 +63,8 @@ class SyntheticConfig:
                              f"so --syn-classes must be >= 2 (got {self.classes})")
         if self.class_skew < 0:
             raise ValueError(f"--syn-class-skew must be >= 0, got {self.class_skew}")
-        if not 0.0 <= self.degree_skew <= 3.0:
-            raise ValueError(f"--syn-degree-skew must be in [0, 3], got {self.degree_skew}")
+        if not 0.0 <= self.degree_skew <= 2.0:
+            raise ValueError(f"--syn-degree-skew must be in [0, 2], got {self.degree_skew}")
         if not 0.0 <= self.label_noise <= 1.0:
             raise ValueError(f"--syn-label-noise must be in [0, 1], got {self.label_noise}")
         if self.avg_degree < 0:

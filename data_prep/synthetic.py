@@ -16,9 +16,10 @@ from .progress import Progress
 EDGE_CHUNK = 1 << 22  # edges sampled per vectorised chunk (~200 MB of temporaries)
 FEATURE_CHUNK_ROWS = 1 << 17
 MAX_SAMPLING_ROUNDS = 60
-# Degree skew: node weights are integers round(WEIGHT_RESOLUTION * lognormal) >= 1, so a weighted
-# draw is a uniform draw from an "urn" holding each node as often as its weight (O(1) per edge,
-# no binary search); 4 keeps the rounding small and the urn at about 7 entries per node.
+# Degree skew: node weights are integers round(WEIGHT_RESOLUTION * exp(sigma z)) >= 1, so a
+# weighted draw is a uniform draw from an "urn" holding each node as often as its weight (O(1) per
+# edge, no binary search). 4 keeps the rounding small; the urn holds 4 exp(sigma^2 / 2) entries
+# per node on average, which is why --syn-degree-skew stops at 2.
 WEIGHT_RESOLUTION = 4
 
 

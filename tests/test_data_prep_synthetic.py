@@ -81,7 +81,7 @@ def test_label_noise_changes_labels_only():
 
 @pytest.mark.parametrize("field, value, message", [
     ("class_skew", -1.0, "--syn-class-skew must be >= 0, got -1.0"),
-    ("degree_skew", 4.0, r"--syn-degree-skew must be in \[0, 3\], got 4.0"),
+    ("degree_skew", 2.5, r"--syn-degree-skew must be in \[0, 2\], got 2.5"),
     ("label_noise", 1.5, r"--syn-label-noise must be in \[0, 1\], got 1.5"),
 ])
 def test_knobs_validated(field, value, message):
