@@ -39,6 +39,9 @@ def request_record(config: PrepConfig) -> dict[str, Any]:
         syn["seed"] = config.seed if syn["seed"] is None else syn["seed"]
         syn["edges"] = config.synthetic.num_edges
         syn.pop("avg_degree")  # edges is the resolved quantity
+        for knob in ("class_skew", "degree_skew", "label_noise"):
+            if syn[knob] == 0:  # off: requests recorded before the knob existed still match
+                syn.pop(knob)
         record["synthetic"] = syn
     return record
 

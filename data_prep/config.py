@@ -21,12 +21,23 @@ class SyntheticConfig:
         "average degree; the graph gets round(nodes * avg_degree / 2) undirected edges"))
     edges: int | None = field(default=None, metadata=_help(
         "exact number of undirected edges (overrides --syn-avg-degree)"))
-    classes: int = field(default=5, metadata=_help("number of classes (balanced sizes)"))
+    classes: int = field(default=5, metadata=_help(
+        "number of classes (balanced sizes unless --syn-class-skew > 0)"))
     features: int = field(default=32, metadata=_help("feature dimension"))
     homophily: float = field(default=0.8, metadata=_help(
         "fraction of edges whose two ends share a class (edge homophily), in [0, 1]"))
     feature_signal: float = field(default=1.0, metadata=_help(
         "scale of the per-class mean added to unit Gaussian noise in the features"))
+    class_skew: float = field(default=0.0, metadata=_help(
+        "Zipf exponent of the class sizes: class k gets a share proportional to (k+1)^-skew "
+        "(0: balanced; 1: the largest of 47 classes holds 22%%, the smallest 0.5%%)"))
+    degree_skew: float = field(default=0.0, metadata=_help(
+        "sigma of the log-normal node weights edge ends are drawn in proportion to (0: uniform "
+        "ends, Poisson degrees; 1: a heavy tail of hubs), in [0, 2]"))
+    label_noise: float = field(default=0.0, metadata=_help(
+        "fraction of nodes whose label is replaced, after edges and features are drawn from "
+        "their class, by the label of a random node (ambiguous categories as in "
+        "ogbn-products); caps the attainable accuracy, in [0, 1]"))
     seed: int | None = field(default=None, metadata=_help(
         "seed of the generator (default: --seed), so one graph can be partitioned with "
         "several seeds"))
@@ -50,6 +61,12 @@ class SyntheticConfig:
         if self.homophily < 1.0 and self.classes < 2 and self.num_edges > 0:
             raise ValueError(f"--syn-homophily {self.homophily} < 1 needs inter-class edges, "
                              f"so --syn-classes must be >= 2 (got {self.classes})")
+        if self.class_skew < 0:
+            raise ValueError(f"--syn-class-skew must be >= 0, got {self.class_skew}")
+        if not 0.0 <= self.degree_skew <= 2.0:
+            raise ValueError(f"--syn-degree-skew must be in [0, 2], got {self.degree_skew}")
+        if not 0.0 <= self.label_noise <= 1.0:
+            raise ValueError(f"--syn-label-noise must be in [0, 1], got {self.label_noise}")
         if self.avg_degree < 0:
             raise ValueError(f"--syn-avg-degree must be >= 0, got {self.avg_degree}")
         if self.edges is not None and self.edges < 0:

@@ -1,0 +1,326 @@
+"""ogbn-products scale end to end (issue 11): ours, ours-full and centralized full batch on a
+synthetic graph of products size whose generator parameters make the task as hard as products.
+
+    . .venv/bin/activate
+    python benchmarks/bench_products.py --work /tmp/mpifgl-products
+        [--scale 1.0] [--clients 8,16] [--methods ours,ours-full,centralized] [--epochs 3]
+        [--exchange compact] [--timeout 14400]
+
+One invocation prepares the shards (``--work``/shards-*; reused when they already hold the same
+request) and then runs, one after the other, each method with each client count (centralized
+once, on the first client count's shards):
+
+  ours         mpirun -n M+1 python -m mpifgl.train (label-guided sampling, its default)
+  ours-full    the same with --sampling none
+  centralized  python -m mpifgl.train --algo centralized (one process, full batch)
+
+each for ``--epochs`` epochs with one full-graph evaluation at the end (--eval-every = epochs).
+A run that fails (non-zero exit, OOM kill, timeout) is recorded as ``failed (exit code, its
+last error line)`` (output in --work/runs/<run>/output.log) and the benchmark goes on.
+``--scale 0.01`` tries the whole thing at 1/100 size.
+
+Printed per run (one column each; table format in docs/scale.md):
+  train s/epoch     per epoch, max over ranks of that rank's compute + comm seconds: training
+                    steps only (metrics.jsonl's epoch_seconds includes the evaluation)
+  mean train s      mean over epochs 2..E (epoch 1 warms up), the figure the ratios use
+  eval s            the evaluated last epoch's epoch_seconds minus its training seconds
+  exch/total sent, received per client: MB per epoch, mean and max over clients, from the
+                    epochs without evaluation; exchange = per_rank exchange_bytes_sent/received
+                    (the cross-client terms alone), "n/a" when the trainer does not record them
+  server sent/recv  rank 0's MB per (training) epoch
+  peak RSS          per_rank peak_rss_mb (ru_maxrss) of the last recorded epoch: max over ranks
+                    and sum over ranks; for centralized also the process's own ru_maxrss (wait4)
+  test F1           final.json test_micro_f1
+  wall s            the whole command, start-up and final outputs included
+Then the ratios ours / centralized: mean training epoch, and sum of ranks' peak RSS over
+centralized's peak RSS. Everything is also written to --work/results.json. Asserts nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from statistics import mean
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from mpifgl.experiments import mpi_env, mpirun_path  # noqa: E402
+
+PRODUCTS_NODES = 2_449_029
+PRODUCTS_EDGES = 61_859_140
+# The hard generator parameters (docs/scale.md): skewed classes and degrees, homophily 0.8 of the
+# true classes, weak features and ambiguous labels; centralized GCN lands near products' accuracy.
+HARD_SYNTHETIC = {"syn_features": 100, "syn_classes": 47, "syn_homophily": 0.8,
+                  "syn_feature_signal": 0.05, "syn_class_skew": 1.0, "syn_degree_skew": 1.0,
+                  "syn_label_noise": 0.25}
+METHODS = {"ours": [], "ours-full": ["--sampling", "none"],
+           "centralized": ["--algo", "centralized"]}
+MB = 2 ** 20
+
+PREPARE_CODE = """
+import json, sys
+from data_prep.api import prepare_shards
+manifest = prepare_shards("synthetic", int(sys.argv[1]), partition="random", seed=0,
+                          out=sys.argv[2], **json.loads(sys.argv[3]))
+print(json.dumps({"num_nodes": manifest["num_nodes"], "num_edges": manifest["num_edges"]}))
+"""
+
+
+def synthetic_options(scale: float) -> dict:
+    return {"syn_nodes": round(PRODUCTS_NODES * scale), "syn_edges": round(PRODUCTS_EDGES * scale),
+            **HARD_SYNTHETIC}
+
+
+def prepare(work: Path, clients: int, scale: float) -> Path:
+    """Shards for this client count and scale; reused if they already hold the same request."""
+    out = work / f"shards-products-x{scale:g}-random-{clients}clients"
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "-c", PREPARE_CODE, str(clients), str(out),
+                             json.dumps(synthetic_options(scale))], env=mpi_env(), cwd=REPO,
+                            stdout=subprocess.PIPE, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"preparing {out} failed (exit {result.returncode}); see stderr above")
+    print(f"shards {out}: {result.stdout.strip()} ({time.perf_counter() - start:.0f} s)",
+          flush=True)
+    return out
+
+
+@dataclass
+class Outcome:
+    method: str
+    clients: int
+    status: str = "done"  # done | failed (exit code, error line)
+    wall_seconds: float = 0.0
+    process_peak_rss_mb: float | None = None  # wait4 ru_maxrss: the command's largest process
+    train_seconds: list[float] = field(default_factory=list)  # per epoch, max over ranks
+    eval_seconds: float | None = None
+    per_client: dict[str, tuple[float, float] | None] = field(default_factory=dict)  # mean, max
+    server: dict[str, float] = field(default_factory=dict)
+    peak_rss_max_mb: float | None = None
+    peak_rss_sum_mb: float | None = None
+    test_f1: float | None = None
+
+    @property
+    def label(self) -> str:
+        return self.method if self.method == "centralized" else f"{self.method} m={self.clients}"
+
+    @property
+    def steady_train_seconds(self) -> float | None:
+        steady = self.train_seconds[1:] or self.train_seconds
+        return mean(steady) if steady else None
+
+
+def run(method: str, clients: int, shards: Path, work: Path, epochs: int, exchange: str | None,
+        timeout: float) -> Outcome:
+    out = work / "runs" / (method if method == "centralized" else f"{method}-{clients}")
+    command = [sys.executable, "-m", "mpifgl.train", "--shards", str(shards), "--out", str(out),
+               "--epochs", str(epochs), "--eval-every", str(epochs), "--force", *METHODS[method]]
+    if exchange and method != "centralized":
+        command += ["--exchange", exchange]
+    if method != "centralized":
+        command = [mpirun_path(), "-n", str(clients + 1), *command]
+    shutil.rmtree(out, ignore_errors=True)  # no stale metrics when this run fails early
+    out.mkdir(parents=True)
+    outcome = Outcome(method, clients)
+    print(f"\n== {outcome.label}: {' '.join(command)}", flush=True)
+    start = time.perf_counter()
+    log_path = out / "output.log"  # stdout and stderr
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, env=mpi_env(), cwd=REPO, stdout=log, stderr=log,
+                                   start_new_session=True)  # its own group: a timeout kills all
+        try:
+            status, rusage = _wait(process, timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            status, rusage = process.wait(), None
+            outcome.status = f"failed (timeout after {timeout:.0f} s)"
+    outcome.wall_seconds = time.perf_counter() - start
+    if rusage is not None:
+        outcome.process_peak_rss_mb = rusage.ru_maxrss / 1024  # KB on Linux
+    if outcome.status == "done" and (status != 0 or not (out / "final.json").exists()):
+        outcome.status = f"failed ({status}, {last_error_line(log_path)})"
+    read_metrics(outcome, out)
+    print(f"   {outcome.status}, {outcome.wall_seconds:.0f} s (log: {log_path})", flush=True)
+    return outcome
+
+
+def last_error_line(log_path: Path) -> str:
+    """The last output line that names an error or a signal (a Python exception, argparse,
+    mpirun's "exited on signal 9 (Killed)"), else the last line with words in it: mpirun's
+    closing banner would otherwise hide the cause."""
+    lines = [line.strip() for line in log_path.read_text(errors="replace").splitlines()
+             if re.search(r"[A-Za-z]", line)]
+    for line in reversed(lines):
+        if re.search(r"error|exception|killed|signal|out of memory", line, re.IGNORECASE):
+            return line
+    return lines[-1] if lines else "no output"
+
+
+def _wait(process: subprocess.Popen, timeout: float) -> tuple[int, object]:
+    """os.wait4 with a timeout (polled): exit status and the child's resource usage."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pid, wait_status, rusage = os.wait4(process.pid, os.WNOHANG)
+        if pid:
+            process.returncode = os.waitstatus_to_exitcode(wait_status)
+            return process.returncode, rusage
+        if time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(process.args, timeout)
+        time.sleep(0.5)
+
+
+def read_metrics(outcome: Outcome, out: Path) -> None:
+    """Fill ``outcome`` from the run's metrics.jsonl and final.json (whatever exists)."""
+    metrics = out / "metrics.jsonl"
+    records = ([json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+               if metrics.exists() else [])
+    if not records:
+        return
+    for record in records:
+        ranks = record["per_rank"]
+        outcome.train_seconds.append(max(c + m for c, m in zip(ranks["compute_seconds"],
+                                                               ranks["comm_seconds"])))
+    last = records[-1]
+    if "test_micro_f1" in last:
+        outcome.eval_seconds = last["epoch_seconds"] - outcome.train_seconds[-1]
+    training = [r for r in records if "test_micro_f1" not in r] or records
+    for name in ("exchange_bytes_sent", "exchange_bytes_received", "bytes_sent",
+                 "bytes_received"):
+        if name not in training[0]["per_rank"]:
+            outcome.per_client[name] = None
+            continue
+        per_rank = [mean(r["per_rank"][name][k] for r in training)
+                    for k in range(len(training[0]["per_rank"][name]))]
+        if len(per_rank) == 1:  # centralized: one process, nothing moved
+            outcome.per_client[name] = None
+            continue
+        clients = per_rank[1:]  # rank 0 is the server
+        outcome.per_client[name] = (mean(clients) / MB, max(clients) / MB)
+        outcome.server[name] = per_rank[0] / MB
+    rss = last["per_rank"]["peak_rss_mb"]
+    outcome.peak_rss_max_mb, outcome.peak_rss_sum_mb = max(rss), sum(rss)
+    final = out / "final.json"
+    if final.exists():
+        outcome.test_f1 = json.loads(final.read_text()).get("test_micro_f1")
+
+
+# -- the table ----------------------------------------------------------------------------------
+def _num(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:,.{digits}f}"
+
+
+def _pair(value: tuple[float, float] | None) -> str:
+    return "n/a" if value is None else f"{value[0]:,.0f} / {value[1]:,.0f}"
+
+
+def table(outcomes: list[Outcome]) -> str:
+    rows: list[tuple[str, list[str]]] = [
+        ("status", [o.status for o in outcomes]),
+        ("train s/epoch", [" ".join(f"{s:.1f}" for s in o.train_seconds) or "n/a"
+                           for o in outcomes]),
+        ("mean train s (2..E)", [_num(o.steady_train_seconds) for o in outcomes]),
+        ("eval s", [_num(o.eval_seconds) for o in outcomes]),
+        ("exch sent MB/client", [_pair(o.per_client.get("exchange_bytes_sent"))
+                                 for o in outcomes]),
+        ("exch recv MB/client", [_pair(o.per_client.get("exchange_bytes_received"))
+                                 for o in outcomes]),
+        ("sent MB/client", [_pair(o.per_client.get("bytes_sent")) for o in outcomes]),
+        ("recv MB/client", [_pair(o.per_client.get("bytes_received")) for o in outcomes]),
+        ("server sent/recv MB", [f"{o.server['bytes_sent']:,.0f} / "
+                                 f"{o.server['bytes_received']:,.0f}"
+                                 if "bytes_sent" in o.server else "n/a" for o in outcomes]),
+        ("peak RSS max rank MB", [_num(o.peak_rss_max_mb, 0) for o in outcomes]),
+        ("peak RSS sum MB", [_num(o.peak_rss_sum_mb, 0) for o in outcomes]),
+        ("process peak RSS MB", [_num(o.process_peak_rss_mb, 0) for o in outcomes]),
+        ("test F1", [_num(o.test_f1, 4) for o in outcomes]),
+        ("wall s", [_num(o.wall_seconds, 0) for o in outcomes]),
+    ]
+    width = max(14, *(len(cell) for _, cells in rows for cell in cells
+                      if not cell.startswith("failed")))
+    lines = [f"{'':22}" + "".join(f"{o.label:>{width + 2}}" for o in outcomes)]
+    for name, cells in rows:
+        if name == "status":  # may be long: one line per failed run below the table
+            cells = ["done" if c == "done" else "failed" for c in cells]
+        lines.append(f"{name:22}" + "".join(f"{c:>{width + 2}}" for c in cells))
+    lines += [f"{o.label}: {o.status}" for o in outcomes if o.status != "done"]
+    return "\n".join(lines)
+
+
+def ratios(outcomes: list[Outcome]) -> str:
+    central = next((o for o in outcomes if o.method == "centralized" and o.status == "done"),
+                   None)
+    if central is None or not central.steady_train_seconds or not central.peak_rss_max_mb:
+        return "ratios: n/a (no finished centralized run)"
+    lines = ["ratios to centralized (training epoch: mean over epochs 2..E; memory: sum over "
+             "ranks of peak RSS / centralized's peak RSS):"]
+    for o in outcomes:
+        if o.method == "centralized" or o.steady_train_seconds is None:
+            continue
+        rss = ("n/a" if o.peak_rss_sum_mb is None
+               else f"{o.peak_rss_sum_mb / central.peak_rss_max_mb:.2f}x")
+        epoch = o.steady_train_seconds / central.steady_train_seconds
+        lines.append(f"  {o.label:16} epoch {epoch:.2f}x   memory {rss}   "
+                     f"({o.status.split(' (')[0]})")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, default=Path("/tmp/mpifgl-products"),
+                        help="shards, runs and results.json go here")
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="fraction of ogbn-products' nodes and edges (0.01: a one-minute try)")
+    parser.add_argument("--clients", default="8,16", help="comma-separated client counts")
+    parser.add_argument("--methods", default=",".join(METHODS),
+                        help=f"comma-separated subset of {', '.join(METHODS)}")
+    parser.add_argument("--epochs", type=int, default=3,
+                        help="epochs per run; the last one evaluates on the full graph")
+    parser.add_argument("--exchange", default=None,
+                        help="passed to mpifgl.train --exchange (default: the trainer's)")
+    parser.add_argument("--timeout", type=float, default=4 * 3600,
+                        help="seconds after which a run is killed and recorded as failed")
+    args = parser.parse_args()
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        parser.error(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+    clients = [int(c) for c in args.clients.split(",") if c.strip()]
+    if not clients or min(clients) < 1:
+        parser.error(f"--clients must list client counts >= 1, got {args.clients!r}")
+    if not 0 < args.scale <= 1 or args.epochs < 1:
+        parser.error(f"--scale must be in (0, 1] and --epochs >= 1, got {args.scale}, "
+                     f"{args.epochs}")
+    args.work.mkdir(parents=True, exist_ok=True)
+    print(f"synthetic products x{args.scale:g}: {synthetic_options(args.scale)}", flush=True)
+
+    shards = {m: prepare(args.work, m, args.scale) for m in clients}
+    plan = [(method, m) for method in methods if method != "centralized" for m in clients]
+    if "centralized" in methods:
+        plan.append(("centralized", clients[0]))
+    outcomes = [run(method, m, shards[m], args.work, args.epochs, args.exchange, args.timeout)
+                for method, m in plan]
+
+    print(f"\nproducts x{args.scale:g}, {args.epochs} epochs (evaluation at the last), "
+          f"exchange {args.exchange or 'default'}; MB per epoch, 'mean / max' over clients\n")
+    print(table(outcomes))
+    print()
+    print(ratios(outcomes))
+    results = {"scale": args.scale, "epochs": args.epochs, "exchange": args.exchange,
+               "synthetic": synthetic_options(args.scale),
+               "runs": [asdict(o) for o in outcomes]}
+    (args.work / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    print(f"\nresults: {args.work / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,89 @@
+"""The synthetic generator's difficulty knobs (class skew, degree skew, label noise, homophily)
+do what their flags say, and the graph is a pure function of its config and seed. No training."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from data_prep.config import SyntheticConfig
+from data_prep.graph import GraphData
+from data_prep.progress import Progress
+from data_prep.synthetic import class_sizes, generate_synthetic
+
+QUIET = Progress(enabled=False)
+HARD = dict(homophily=0.8, feature_signal=0.05, class_skew=1.0, degree_skew=1.0, label_noise=0.25)
+
+
+def generate(seed: int = 0, nodes: int = 6000, classes: int = 10, avg_degree: float = 20.0,
+             **knobs) -> GraphData:
+    config = SyntheticConfig(nodes=nodes, avg_degree=avg_degree, classes=classes, features=6,
+                             seed=seed, **knobs)
+    return generate_synthetic(config, split_seed=seed, progress=QUIET)
+
+
+def edge_homophily(graph: GraphData) -> float:
+    coo = graph.adjacency.tocoo()
+    return float(np.mean(graph.y[coo.row] == graph.y[coo.col]))
+
+
+def test_deterministic_in_the_seed():
+    first, again = generate(seed=5, **HARD), generate(seed=5, **HARD)
+    other = generate(seed=6, **HARD)
+    assert (first.adjacency != again.adjacency).nnz == 0
+    for name in ("x", "y", "train_mask", "val_mask", "test_mask"):
+        assert np.array_equal(getattr(first, name), getattr(again, name)), name
+    assert (first.adjacency != other.adjacency).nnz > 0
+    assert not np.array_equal(first.y, other.y)
+
+
+def test_class_sizes_follow_zipf():
+    assert class_sizes(10, 3, 0.0).tolist() == [4, 3, 3]
+    # shares 6:3:2 of the 11 nodes left after one per class
+    assert class_sizes(14, 3, 1.0).tolist() == [7, 4, 3]
+    assert class_sizes(5, 5, 2.0).tolist() == [1] * 5  # every class keeps a node
+    graph = generate(classes=10, class_skew=1.0)
+    counts = np.bincount(graph.y, minlength=10)
+    assert counts.tolist() == class_sizes(6000, 10, 1.0).tolist()
+    assert counts[0] / counts[-1] == pytest.approx(10.0, rel=0.05)  # (k+1)^-1: first / tenth
+    assert np.all(np.diff(counts) <= 0)
+
+
+@pytest.mark.parametrize("knobs", [{}, {"class_skew": 1.0},
+                                   {"class_skew": 1.0, "degree_skew": 1.0}])
+def test_measured_homophily_is_the_requested_one(knobs):
+    graph = generate(homophily=0.6, **knobs)
+    assert graph.num_edges == 60000  # exact, also with hubs
+    assert edge_homophily(graph) == pytest.approx(0.6, abs=0.02)
+
+
+def test_degree_skew_gives_a_heavy_tail():
+    flat, skewed = generate(), generate(degree_skew=1.0)
+    degree_flat = np.diff(flat.adjacency.indptr)
+    degree_skewed = np.diff(skewed.adjacency.indptr)
+    assert degree_flat.mean() == degree_skewed.mean() == 20.0
+    # Poisson(20): coefficient of variation about 0.22; log-normal weights, sigma 1: about 1.3
+    assert degree_flat.std() / degree_flat.mean() < 0.3
+    assert degree_skewed.std() / degree_skewed.mean() > 1.0
+    assert degree_skewed.max() > 10 * np.median(degree_skewed)
+    assert np.median(degree_skewed) < degree_skewed.mean()
+
+
+def test_label_noise_changes_labels_only():
+    clean, noisy = generate(class_skew=1.0), generate(class_skew=1.0, label_noise=0.3)
+    assert (clean.adjacency != noisy.adjacency).nnz == 0 and np.array_equal(clean.x, noisy.x)
+    share = class_sizes(6000, 10, 1.0) / 6000
+    # a noisy node takes the label of a random node, which is its own with chance sum(share^2)
+    expected_changed = 0.3 * (1 - np.sum(share ** 2))
+    assert np.mean(clean.y != noisy.y) == pytest.approx(expected_changed, abs=0.02)
+    # edges keep following the true class, so the labels' homophily drops
+    assert edge_homophily(noisy) < edge_homophily(clean) - 0.2
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("class_skew", -1.0, "--syn-class-skew must be >= 0, got -1.0"),
+    ("degree_skew", 2.5, r"--syn-degree-skew must be in \[0, 2\], got 2.5"),
+    ("label_noise", 1.5, r"--syn-label-noise must be in \[0, 1\], got 1.5"),
+])
+def test_knobs_validated(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        SyntheticConfig(seed=0, **{field: value}).validate()
