@@ -61,7 +61,7 @@ class TrainConfig:
                                     "dense buffers gathered and summed at the server only. See "
                                     "docs/training.md",
                          ("compact", "compact-reduce", "reduce", "star"))
-    exchange_buffer_mb: float = _opt(256.0, "most MB of exchange buffers a rank holds at once: "
+    exchange_buffer_mb: float = _opt(64.0, "most MB of exchange buffers a rank holds at once: "
                                             "larger exchanges run in chunks of rows (a chunk "
                                             "holds at least one row)")
     steps_per_epoch: int = _opt(0, "optimizer steps per epoch, each on a fresh sample of "

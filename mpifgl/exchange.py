@@ -186,8 +186,11 @@ class CrossClientExchange:
                         receive_counts: np.ndarray):
         """The server's plan: the union U of touched rows, chunk bounds by cost, and every
         sender's rows in U. Returns (bounds [2(k+1)] or [] on inconsistency, rows, cuts)."""
-        ids = [np.concatenate(p).astype(np.int64) if p else np.zeros(0, np.int64) for p in pieces]
-        union, senders_per_row = np.unique(np.concatenate(ids) if ids else np.zeros(0, np.int64),
+        # ids keep the type they travelled in (int32 while n_S < 2^31): the server's set-up
+        # memory for a full-graph plan is a few copies of every sender's ids
+        id_dtype = pieces[0][0].dtype if pieces and pieces[0] else np.int64
+        ids = [np.concatenate(p) if p else np.zeros(0, id_dtype) for p in pieces]
+        union, senders_per_row = np.unique(np.concatenate(ids) if ids else np.zeros(0, id_dtype),
                                            return_counts=True)
         segment_start = np.concatenate([[0], np.cumsum(plan.segment_rows)]).astype(np.int64)
         owner = np.searchsorted(segment_start, union, side="right") - 1
@@ -223,8 +226,8 @@ class CrossClientExchange:
             order = np.argsort(target, kind="stable")
             indptr = np.zeros(rows + 1, dtype=np.int64)
             np.cumsum(np.bincount(target, minlength=rows), out=indptr[1:])
-            matrices.append(CSRArrays(indptr, order.astype(np.int64), ones[:order.shape[0]],
-                                      (rows, int(order.shape[0]))))
+            matrices.append(CSRArrays(indptr, order, ones[:order.shape[0]],
+                                      (rows, int(order.shape[0]))).compact_indices())
         return matrices
 
     def _scatter_sum_rows(self, server_side, touched_counts: np.ndarray, plan: CrossExchangePlan,

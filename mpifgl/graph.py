@@ -135,8 +135,10 @@ class ClientGraph:
 
 @dataclass
 class CSRArrays:
-    """A CSR matrix as bare int64/float arrays. The sampled operators are rebuilt every step, and
-    scipy's constructors (format checks, index-dtype choice) cost more than the slicing itself."""
+    """A CSR matrix as bare index/float arrays. The sampled operators are rebuilt every step, and
+    scipy's constructors (format checks, index-dtype choice) cost more than the slicing itself.
+    Stored operators keep int32 indices where they fit (``compact_indices``): at ogbn-products
+    size the cross blocks are most of a client's memory."""
 
     indptr: np.ndarray
     indices: np.ndarray
@@ -146,8 +148,15 @@ class CSRArrays:
     @classmethod
     def of(cls, matrix: sp.csr_matrix) -> "CSRArrays":
         matrix = matrix.tocsr()
-        return cls(matrix.indptr.astype(np.int64), matrix.indices.astype(np.int64), matrix.data,
-                   matrix.shape)
+        return cls(matrix.indptr, matrix.indices, matrix.data, matrix.shape).compact_indices()
+
+    def compact_indices(self) -> "CSRArrays":
+        """The same matrix with int32 indptr and indices when every index fits, else int64 (the
+        CSR kernel needs both of one type); arrays already of that type are not copied."""
+        fits = max(self.shape[0] + 1, self.shape[1], self.indices.shape[0]) < 2 ** 31
+        index = np.int32 if fits else np.int64
+        return CSRArrays(np.asarray(self.indptr, index), np.asarray(self.indices, index),
+                         self.data, self.shape)
 
     def select(self, rows: np.ndarray, col_map: np.ndarray, num_cols: int) -> "CSRArrays":
         """self[rows][:, cols] where col_map[c] = new column of c or -1 (CSR order kept)."""
@@ -180,8 +189,8 @@ class CSRArrays:
                          self.data[start:stop], (last - first, self.shape[1]))
 
     def with_dtype(self, dtype: torch.dtype) -> "CSRArrays":
-        return CSRArrays(np.asarray(self.indptr, np.int64), np.asarray(self.indices, np.int64),
-                         np.asarray(self.data, dtype=numpy_dtype(dtype)), self.shape)
+        return CSRArrays(self.indptr, self.indices, np.asarray(self.data, dtype=numpy_dtype(dtype)),
+                         self.shape).compact_indices()
 
     def matmul(self, dense: np.ndarray) -> np.ndarray:
         """self @ dense for a 2-D array of the data's dtype, by scipy's CSR kernel. Called on a

@@ -105,6 +105,15 @@ class GCNLayer(nn.Module):
         o = linear(z, self.lin.weight)
         y = o * op.col_scale
         agg = op.inner @ y
+        if not torch.is_grad_enabled():
+            # Evaluation: the same operations in the same order (same roundings), in place, so
+            # a full-graph forward holds fewer [n_i, d] temporaries.
+            if op.exchange is not None and exchange is not None:
+                agg += cross_client_sum(y, op.exchange, exchange)
+            del y
+            agg *= op.row_scale
+            agg += o.mul_(op.self_scale)
+            return agg.add_(self.bias)
         if op.exchange is not None and exchange is not None:
             agg = agg + cross_client_sum(y, op.exchange, exchange)
         return op.row_scale * agg + op.self_scale * o + self.bias
@@ -127,6 +136,14 @@ class OneGNNLayer(nn.Module):
         o = linear(z, self.lin_rel.weight)
         y = o * op.col_scale
         agg = op.inner @ y
+        if not torch.is_grad_enabled():  # evaluation: in place, as in GCNLayer
+            del o
+            if op.exchange is not None and exchange is not None:
+                agg += cross_client_sum(y, op.exchange, exchange)
+            del y
+            agg *= op.row_scale
+            agg += self.lin_rel.bias
+            return agg.add_(linear(z, self.lin_root.weight))
         if op.exchange is not None and exchange is not None:
             agg = agg + cross_client_sum(y, op.exchange, exchange)
         return op.row_scale * agg + self.lin_rel.bias + linear(z, self.lin_root.weight)
@@ -182,7 +199,7 @@ class GNN(nn.Module):
                 z = dropout(z, self.dropout_p, rng)
             z = layer(z, op, exchange)
             if k < len(self.layers) - 1:
-                z = torch.relu(z)
+                z = torch.relu(z) if torch.is_grad_enabled() else torch.relu_(z)
         return z
 
 
