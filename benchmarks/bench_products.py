@@ -66,31 +66,34 @@ METHODS = {"ours": [], "ours-full": ["--sampling", "none"],
            "centralized": ["--algo", "centralized"]}
 MB = 2 ** 20
 
-PREPARE_CODE = """
-import json, sys
-from data_prep.api import prepare_shards
-manifest = prepare_shards("synthetic", int(sys.argv[1]), partition="random", seed=0,
-                          out=sys.argv[2], **json.loads(sys.argv[3]))
-print(json.dumps({"num_nodes": manifest["num_nodes"], "num_edges": manifest["num_edges"]}))
-"""
-
-
 def synthetic_options(scale: float) -> dict:
     return {"syn_nodes": round(PRODUCTS_NODES * scale), "syn_edges": round(PRODUCTS_EDGES * scale),
             **HARD_SYNTHETIC}
 
 
 def prepare(work: Path, clients: int, scale: float) -> Path:
-    """Shards for this client count and scale; reused if they already hold the same request."""
+    """Shards for this client count and scale, written by ``python -m data_prep``; shards
+    already there are reused when their manifest records the same request."""
     out = work / f"shards-products-x{scale:g}-random-{clients}clients"
+    options = synthetic_options(scale)
+    manifest_path = out / "manifest.json"
+    if manifest_path.is_file():
+        request = json.loads(manifest_path.read_text()).get("request", {})
+        recorded = request.get("synthetic", {})
+        wanted = {key[len("syn_"):]: value for key, value in options.items()}
+        different = {k: (recorded.get(k), v) for k, v in wanted.items() if recorded.get(k) != v}
+        if request.get("num_clients") != clients or different:
+            raise SystemExit(f"{out} holds other shards (found/wanted: {different or clients}); "
+                             f"remove it or choose another --work")
+        print(f"shards {out}: reused", flush=True)
+        return out
+    flags = [f"--{key.replace('_', '-')}={value}" for key, value in options.items()]
+    command = [sys.executable, "-m", "data_prep", "--dataset", "synthetic", "--num-clients",
+               str(clients), "--partition", "random", "--seed", "0", "--out", str(out), *flags]
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-c", PREPARE_CODE, str(clients), str(out),
-                             json.dumps(synthetic_options(scale))], env=mpi_env(), cwd=REPO,
-                            stdout=subprocess.PIPE, text=True)
-    if result.returncode != 0:
-        raise SystemExit(f"preparing {out} failed (exit {result.returncode}); see stderr above")
-    print(f"shards {out}: {result.stdout.strip()} ({time.perf_counter() - start:.0f} s)",
-          flush=True)
+    if subprocess.run(command, env=mpi_env(), cwd=REPO).returncode != 0:
+        raise SystemExit(f"preparing {out} failed: {' '.join(command)}")
+    print(f"shards {out}: written ({time.perf_counter() - start:.0f} s)", flush=True)
     return out
 
 
