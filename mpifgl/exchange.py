@@ -253,17 +253,28 @@ class CrossClientExchange:
         client's rows [|S_i|, d] (the server: [0, d])."""
         routing = plan.routing
         assert routing is not None, "prepare(plan) must run before the plan's first exchange"
+        result = np.zeros(tuple(y.shape), dtype=self.dtype)
+        self._exchange(plan, y, result, add=False)
+        return torch.from_numpy(result)
+
+    def add_into(self, plan: CrossExchangePlan, y: torch.Tensor, total: torch.Tensor) -> None:
+        """total += the cross sum of y, in place (collective): the evaluation's full-graph
+        forward then needs no [|S_i|, d] result of its own. Same additions as total + self(y)."""
+        self._exchange(plan, y, total.numpy(), add=True)
+
+    def _exchange(self, plan: CrossExchangePlan, y: torch.Tensor, result: np.ndarray,
+                  add: bool) -> None:
+        routing = plan.routing
+        assert routing is not None, "prepare(plan) must run before the plan's first exchange"
         values = np.ascontiguousarray(y.detach().numpy(), dtype=self.dtype)
         width = values.shape[1]
-        result = np.zeros((values.shape[0], width), dtype=self.dtype)
         # compact modes: an owner's sum rows are its receive rows; dense: all its rows
         receive_rows = plan.receive_rows if self.mode in COMPACT_MODES else None
         with self.comm.counting_exchange():
             for c in range(routing.num_chunks):
                 summed = self._sum_chunk(plan, routing, c, values)
                 self._scatter_chunk(routing, c, summed, result, receive_rows, plan.own_segment,
-                                    width)
-        return torch.from_numpy(result)
+                                    width, add)
 
     def _send_rows(self, plan: CrossExchangePlan, routing: Routing, c: int,
                    values: np.ndarray) -> np.ndarray:
@@ -300,8 +311,9 @@ class CrossClientExchange:
 
     def _scatter_chunk(self, routing: Routing, c: int, summed: np.ndarray | None,
                        result: np.ndarray, receive_rows: np.ndarray | None, own: int,
-                       width: int) -> None:
-        """Send each owner its rows of chunk c; this client writes its rows into ``result``."""
+                       width: int, add: bool) -> None:
+        """Send each owner its rows of chunk c; this client writes (or adds) its rows into
+        ``result``."""
         low, high = int(routing.row_bounds[c]), int(routing.row_bounds[c + 1])
         per_owner = _rows_in(low, high, routing.owner_start[:-1], routing.owner_start[1:])
         counts = np.concatenate([[0], per_owner]) * width
@@ -312,7 +324,10 @@ class CrossClientExchange:
             first = max(low, int(routing.owner_start[own])) - int(routing.owner_start[own])
             rows = (slice(first, first + mine) if receive_rows is None
                     else receive_rows[first:first + mine])
-            result[rows] = received.reshape(mine, width)
+            if add:
+                result[rows] += received.reshape(mine, width)
+            else:
+                result[rows] = received.reshape(mine, width)
 
 
 class _CrossClientSum(torch.autograd.Function):
@@ -332,6 +347,16 @@ class _CrossClientSum(torch.autograd.Function):
 
 def cross_client_sum(y: torch.Tensor, plan: CrossExchangePlan, exchange: ExchangeFn) -> torch.Tensor:
     return _CrossClientSum.apply(y, plan, exchange)
+
+
+def add_cross_client_sum(total: torch.Tensor, y: torch.Tensor, plan: CrossExchangePlan,
+                         exchange: ExchangeFn) -> None:
+    """total += cross_client_sum(y), without autograd. The program's exchange adds in place;
+    any other ExchangeFn (a benchmark's or a test's stand-in) returns its sum to add."""
+    if isinstance(exchange, CrossClientExchange):
+        exchange.add_into(plan, y, total)
+    else:
+        total += exchange(plan, y)
 
 
 def dense_terms(plan: CrossExchangePlan, y: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ import scipy.sparse as sp
 import torch
 from torch import nn
 
-from mpifgl.exchange import ExchangeFn, cross_client_sum
+from mpifgl.exchange import ExchangeFn, add_cross_client_sum, cross_client_sum
 from mpifgl.graph import LayerOperator, numpy_dtype
 
 
@@ -109,7 +109,7 @@ class GCNLayer(nn.Module):
             # Evaluation: the same operations in the same order (same roundings), in place, so
             # a full-graph forward holds fewer [n_i, d] temporaries.
             if op.exchange is not None and exchange is not None:
-                agg += cross_client_sum(y, op.exchange, exchange)
+                add_cross_client_sum(agg, y, op.exchange, exchange)
             del y
             agg *= op.row_scale
             agg += o.mul_(op.self_scale)
@@ -139,7 +139,7 @@ class OneGNNLayer(nn.Module):
         if not torch.is_grad_enabled():  # evaluation: in place, as in GCNLayer
             del o
             if op.exchange is not None and exchange is not None:
-                agg += cross_client_sum(y, op.exchange, exchange)
+                add_cross_client_sum(agg, y, op.exchange, exchange)
             del y
             agg *= op.row_scale
             agg += self.lin_rel.bias
