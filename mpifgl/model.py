@@ -104,16 +104,19 @@ class GCNLayer(nn.Module):
     def forward(self, z: torch.Tensor, op: LayerOperator, exchange: ExchangeFn | None) -> torch.Tensor:
         o = linear(z, self.lin.weight)
         y = o * op.col_scale
-        agg = op.inner @ y
         if not torch.is_grad_enabled():
-            # Evaluation: the same operations in the same order (same roundings), in place, so
-            # a full-graph forward holds fewer [n_i, d] temporaries.
+            # Evaluation: the same operations in the same order (same roundings), in place, and
+            # o recomputed for the self term instead of held through the exchange, so a
+            # full-graph forward holds two [n_i, d] tensors at a time besides its input.
+            del o
+            agg = op.inner @ y
             if op.exchange is not None and exchange is not None:
                 add_cross_client_sum(agg, y, op.exchange, exchange)
             del y
             agg *= op.row_scale
-            agg += o.mul_(op.self_scale)
+            agg += linear(z, self.lin.weight).mul_(op.self_scale)
             return agg.add_(self.bias)
+        agg = op.inner @ y
         if op.exchange is not None and exchange is not None:
             agg = agg + cross_client_sum(y, op.exchange, exchange)
         return op.row_scale * agg + op.self_scale * o + self.bias
