@@ -229,21 +229,16 @@ class Communicator:
         return table
 
     def gatherv_rows(self, rows: np.ndarray) -> list[np.ndarray] | None:
-        """Gather variable-length 2-D arrays of one dtype and width at the server (end of run)."""
+        """Gather variable-length 2-D arrays of one dtype and width at the server (end of run):
+        the row counts travel first, then the rows through ``gatherv``."""
         rows = np.ascontiguousarray(rows)
         width = rows.shape[1]
         counts = np.asarray(self.comm.gather(rows.shape[0], root=SERVER_RANK) or [], np.int64)
-        mpi_type = _MPI_TYPES[rows.dtype]
-        if self.is_server:
-            element_counts = counts * width
-            displacements = np.concatenate([[0], np.cumsum(element_counts)[:-1]])
-            flat = np.empty((int(counts.sum()), width), dtype=rows.dtype)
-            self.comm.Gatherv([rows, mpi_type], [flat, (element_counts, displacements), mpi_type],
-                              SERVER_RANK)
-            starts = np.concatenate([[0], np.cumsum(counts)])
-            return [flat[starts[r]:starts[r + 1]] for r in range(self.size)]
-        self.comm.Gatherv([rows, mpi_type], None, SERVER_RANK)
-        return None
+        flat = self.gatherv(rows, counts * width if self.is_server else None)
+        if flat is None:
+            return None
+        starts = np.concatenate([[0], np.cumsum(counts)]) * width
+        return [flat[starts[r]:starts[r + 1]].reshape(-1, width) for r in range(self.size)]
 
     # -- set-up, checkpoints, errors (pickled, rare) --------------------------------------------
     def broadcast_object(self, value: Any) -> Any:

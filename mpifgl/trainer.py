@@ -165,13 +165,11 @@ class Trainer:
 
     def auto_steps_per_epoch(self) -> int:
         """``--steps-per-epoch 0``: with node sampling, ceil(n / s - 1e-6) steps (4 at the default
-        s = ceil(n / 4); with s = floor(n / 4), ogbn-products' n / s = 4.0000016 gave 5), so an
-        epoch draws about n nodes (one pass over the graph, as an epoch of any mini-batch
-        trainer); without it, one full-graph step. Why not one sampled step: at s = n/4, 200 such steps left ours 2.8
-        points below centralized GCN on amazon-computers (88.27 vs 91.09), 4 per epoch put it
-        0.9 above, and splitting the same n/4 draws over 4 steps lost accuracy instead (85.7 at
-        s = n/16): the estimator's variance grows as the sample shrinks (docs/training.md).
-        The baselines take 1: their epochs are already passes over their data."""
+        s = ceil(n / 4); s = floor(n / 4) can give 5, as n / s = 4.0000016 on ogbn-products), so
+        an epoch draws about n nodes, one pass over the graph as in any mini-batch trainer;
+        without it, one full-graph step. Why several sampled steps rather than one, and why not
+        smaller samples: docs/training.md (steps per epoch). The baselines take 1: their epochs
+        are already passes over their data."""
         if self.draws_per_client is None:
             return 1
         return steps_for_sample(int(self.graph.client_sizes.sum()),
