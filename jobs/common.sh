@@ -210,11 +210,17 @@ mpi_launch_argv() {
   fi
 }
 
-# mpirun_env: the allocation (or a laptop) may have fewer real cores than ranks, so let Open MPI
-# oversubscribe; Open MPI also refuses to run as root unless told. Printed like commands.
+# mpirun_env: export the Open MPI launch environment (fgl_common/launch.py: oversubscription, and
+# running as root when we are root; a value already set wins), printed like commands. Run from
+# the repository so python finds fgl_common even before the checkout is installed.
 mpirun_env() {
-  run_export "PRTE_MCA_rmaps_default_mapping_policy=${PRTE_MCA_rmaps_default_mapping_policy:-:oversubscribe}"
-  if [ "$(id -u)" = 0 ]; then
-    run_export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-  fi
+  local exports line
+  exports=$(cd "$MPIFGL_HOME" && "$PYTHON" -m fgl_common.launch --shell) \
+    || die "cannot read the MPI launch environment with $PYTHON -m fgl_common.launch --shell"
+  while IFS= read -r line; do
+    [ -n "$line" ] || continue
+    local -a assignments
+    eval "assignments=(${line#export })"  # the values are shell-quoted by fgl_common.launch
+    run_export "${assignments[@]}"
+  done <<< "$exports"
 }

@@ -18,17 +18,12 @@ from typing import Any
 import numpy as np
 import torch
 
-# Open MPI only (MPICH ignores it), read when mpi4py initialises MPI just below: the non-blocking
-# reduce's algorithm. With 9 ranks on 2 cores a binomial tree took 3.2-3.5 ms for one sampled
-# layer-1 exchange on amazon-computers (Reduce + Scatterv of 3,047 x 128 float32) where Open
-# MPI's own choice took 4.9-5.7 ms; an epoch of 8 clients: 0.354 s against 0.381 s, mean of 8
-# interleaved pairs. A value set in the environment wins.
-os.environ.setdefault("OMPI_MCA_coll_libnbc_ireduce_algorithm", "binomial")
-# The same for the broadcast of the summed gradients (400 KB on amazon-computers): linear, every
-# client reads the server's buffer directly (one level; Open MPI copies shared-memory messages
-# this size once, by the receiver). Clients waited 2.1 ms for it, against 5-6.4 ms with Open
-# MPI's own choice and 6.0 ms with a binomial tree (9 ranks, 2 cores, all ranks present).
-os.environ.setdefault("OMPI_MCA_coll_libnbc_ibcast_algorithm", "linear")
+from fgl_common.launch import RUNTIME_TUNING  # noqa: E402
+
+# Open MPI reads these when mpi4py initialises MPI just below (MPICH ignores them): the
+# non-blocking reduce / broadcast algorithms of the exchange (docs/training.md); environment wins.
+for _name, _value in RUNTIME_TUNING.items():
+    os.environ.setdefault(_name, _value)
 
 from mpi4py import MPI  # noqa: E402
 

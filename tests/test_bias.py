@@ -116,7 +116,7 @@ def test_cli_errors_are_one_line_without_traceback(tmp_path):
 
 
 def test_bias_module_imports_no_mpi_or_torch():
-    code = ("import sys, mpifgl.bias, mpifgl.report, mpifgl.experiments; "
+    code = ("import sys, mpifgl.bias, study.report, study.runner, study.__main__; "
             "print('mpi4py' in sys.modules, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                          timeout=60)
