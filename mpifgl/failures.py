@@ -13,6 +13,8 @@ from __future__ import annotations
 import signal
 from typing import Any, Callable, TypeVar
 
+from mpifgl.communicator import Communicator
+
 T = TypeVar("T")
 
 
@@ -57,7 +59,7 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-def agree(comm: Any, work: Callable[[], T]) -> T:
+def agree(comm: Communicator, work: Callable[[], T]) -> T:
     """Run ``work`` on every rank, then share every rank's failure (one collective); if any rank
     failed, every rank raises the same SetupError. ``comm.agree_on_errors`` lists (rank, client id, message)."""
     error = None
