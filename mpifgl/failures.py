@@ -13,7 +13,7 @@ from __future__ import annotations
 import signal
 from typing import Any, Callable, TypeVar
 
-from mpifgl.communicator import Communicator
+from mpifgl.communicator import SERVER_RANK, Communicator
 
 T = TypeVar("T")
 
@@ -80,4 +80,4 @@ def agree(comm: Communicator, work: Callable[[], T]) -> T:
 
 def rank_label(rank: int, client_id: int) -> str:
     """``server (rank 0)`` or ``client 2 (rank 3)``."""
-    return f"server (rank {rank})" if client_id < 0 else f"client {client_id} (rank {rank})"
+    return f"server (rank {rank})" if rank == SERVER_RANK else f"client {client_id} (rank {rank})"

@@ -17,7 +17,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -175,8 +175,9 @@ def set_up(config: TrainConfig, comm: Communicator, progress: RankProgress,
         saved = comm.broadcast_object(checkpoint["config"] if checkpoint else None)
         given = config
         config = agree(comm, lambda: resumed_config(saved, given, explicit))
-    # the default shards of one process: the default number of clients of the paper's runs
-    config = resolve_shards(config, comm, 8 if comm.is_single_process else max(1, comm.num_clients))
+    # one process prepares the default shards with the paper's 8 clients
+    config = resolve_shards(config, comm,
+                            8 if comm.is_single_process else max(1, comm.num_clients))
 
     def read_checked_manifest():
         manifest = read_manifest(config.shards)

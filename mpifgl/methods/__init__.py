@@ -23,7 +23,8 @@ from mpifgl.trainer import RankSetup, Trainer, TrainingMethod
 class Method:
     name: str
     distributed: bool  # runs under mpirun (server + clients); else in one process
-    builder_path: str  # "module:function(RankSetup)", imported on use so unused methods cost nothing
+    # "module:callable(RankSetup)", imported on use so unused methods cost nothing
+    builder_path: str
     summary: str
     # Flag defaults of this method that differ from TrainConfig's; an explicit flag wins.
     defaults: tuple[tuple[str, Any], ...] = ()

@@ -11,7 +11,7 @@ torch-sparse, and neither is installable here (pyg-lib has no PyPI release; torc
 source build against the pinned torch). ``torch_geometric.typing.WITH_PYG_LIB`` and
 ``WITH_TORCH_SPARSE`` are False in this environment. The sampled subgraph is fed to the PyG convs
 as a torch sparse adjacency (PyG's ``adj_t``: one sparse-dense product per layer instead of a
-[num_edges, width] message tensor, 3x faster here), so only the sampling is ours. GraphSAGE trims
+[num_edges, width] message tensor, docs/training.md), so only the sampling is ours. GraphSAGE trims
 each layer to the nodes the next one needs, as PyG's ``trim_to_layer`` does.
 
 Epoch = roughly one pass over the data: GraphSAGE takes every training node once as a seed
@@ -241,10 +241,10 @@ class PyGStack(nn.Module):
 def sparse_input_conv(conv: nn.Module, x: SparseFeatures, adjacency: torch.Tensor) -> torch.Tensor:
     """``conv`` on sparse (bag-of-words) input rows, transforming before aggregating with the
     conv's own parameters: A (X W^T) = (A X) W^T, and X W^T is a sparse product. PyG's convs
-    would take X dense: a GraphSAGE batch on Coauthor CS gathers ~18,000 x 6,805 input rows
-    (and draws a dropout mask for each entry), 55 s an epoch; this way the cost follows the
-    non-zeros. Same numbers as the conv on dense X (tests/test_baselines.py). ``adjacency``:
-    sparse [n_dst, n_src], targets = the first n_dst rows of ``x``."""
+    would take X dense, every input row of a batch with a dropout draw per entry
+    (docs/training.md); this way the cost follows the non-zeros. Same numbers as the conv on
+    dense X (tests/test_baselines.py). ``adjacency``: sparse [n_dst, n_src], targets = the first
+    n_dst rows of ``x``."""
     from torch_geometric.nn import GCNConv, GraphConv, SAGEConv
     n_dst = adjacency.shape[0]
     x_dst = x if n_dst == x.shape[0] else x.rows(np.arange(n_dst))
