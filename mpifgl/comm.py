@@ -27,17 +27,9 @@ for _name, _value in RUNTIME_TUNING.items():
 
 from mpi4py import MPI  # noqa: E402
 
-SERVER_RANK = 0
+from mpifgl.communicator import SERVER_RANK, client_of_rank  # noqa: E402
+
 ABORT_PAUSE_SECONDS = 0.2
-
-
-def client_of_rank(rank: int) -> int:
-    """Client id served by an MPI rank (-1 for the server)."""
-    return rank - 1
-
-
-def rank_of_client(client_id: int) -> int:
-    return client_id + 1
 
 
 _MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE,
@@ -59,20 +51,23 @@ def _displacements(counts: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
 
 
-class Communicator:
-    """A thin, counted wrapper around one MPI communicator.
+class MPICommunicator:
+    """``mpifgl.communicator.Communicator`` over one MPI communicator, counted.
 
-    The hot-loop collectives are started non-blocking and waited on at once. Same result, but
-    Open MPI then runs its libnbc algorithms instead of the blocking "tuned" ones: with 9 ranks
-    on 2 cores, Reduce + Scatterv of a 3,047 x 128 float32 buffer took 7.7 ms instead of 13.6 ms
-    (benchmarks/bench_train.py measures the whole epoch)."""
+    The hot-loop collectives are started non-blocking and waited on at once: same result, but
+    Open MPI then runs its faster libnbc algorithms instead of the blocking "tuned" ones
+    (docs/training.md; benchmarks/bench_train.py measures the whole epoch)."""
+
+    is_single_process = False  # even at size 1: rank 0 is then a server without clients
 
     def __init__(self, comm: "MPI.Comm | None" = None):
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self.client_id = client_of_rank(self.rank)
+        self.num_clients = self.size - 1
         self.is_server = self.rank == SERVER_RANK
+        self.is_client = not self.is_server
         self.reset_counters()
 
     # -- accounting ------------------------------------------------------------------------
@@ -269,5 +264,5 @@ class Communicator:
         self.comm.Abort(code)
 
 
-def world() -> Communicator:
-    return Communicator(MPI.COMM_WORLD)
+def world() -> MPICommunicator:
+    return MPICommunicator(MPI.COMM_WORLD)

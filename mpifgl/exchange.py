@@ -33,11 +33,12 @@ same exchange applied to the gradient, with the same plan and chunks.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable
 
 import numpy as np
 import torch
 
+from mpifgl.communicator import Communicator
 from mpifgl.graph import CrossExchangePlan, CSRArrays
 
 MODES = ("compact", "compact-reduce", "reduce", "star")
@@ -45,23 +46,6 @@ COMPACT_MODES = ("compact", "compact-reduce")
 
 # (plan, y [|S_i|, d]) -> this client's cross sum [|S_i|, d]; collective
 ExchangeFn = Callable[[CrossExchangePlan, torch.Tensor], torch.Tensor]
-
-
-class ExchangeComm(Protocol):
-    """The Communicator's part the exchange uses (mpifgl.comm.Communicator implements it)."""
-
-    rank: int
-    size: int
-    is_server: bool
-
-    def counting_exchange(self): ...
-    def allgather_rows(self, row: np.ndarray) -> np.ndarray: ...
-    def gatherv(self, send: np.ndarray, counts: np.ndarray | None) -> np.ndarray | None: ...
-    def scatterv(self, send: np.ndarray | None, counts: np.ndarray | None, receive_count: int,
-                 dtype: np.dtype) -> np.ndarray: ...
-    def reduce_sum(self, buffer: np.ndarray) -> np.ndarray | None: ...
-    def gather_equal(self, send: np.ndarray) -> np.ndarray | None: ...
-    def broadcast_array(self, values: np.ndarray | None) -> np.ndarray: ...
 
 
 @dataclass
@@ -110,7 +94,7 @@ class CrossClientExchange:
     ``prepare(plan)`` once per plan (collective), then ``self(plan, y)`` per layer and direction
     (collective; the server passes y of shape [0, d])."""
 
-    def __init__(self, comm: ExchangeComm, mode: str, buffer_bytes: int, max_width: int,
+    def __init__(self, comm: Communicator, mode: str, buffer_bytes: int, max_width: int,
                  dtype: np.dtype):
         if mode not in MODES:
             raise ValueError(f"--exchange {mode!r}, expected one of {', '.join(MODES)}")

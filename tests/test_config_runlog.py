@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from mpifgl.algorithms import get_algorithm
+from mpifgl.methods import get_method
 from mpifgl.config import TrainConfig, build_parser, explicit_flags, parse_config, resumed_config
 from mpifgl.runlog import RunDirError, RunDirectory, atomic_write, claim_run_dir
 
@@ -63,7 +63,7 @@ def test_centralized_is_full_batch_unless_sampling_is_asked_for():
                            (["--algo", "centralized", "--sampling", "label"], "label"),
                            (["--algo", "ours"], "label"), ([], "label")):
         config = parse_config(argv)
-        config = get_algorithm(config.algo).with_defaults(config, explicit_flags(argv))
+        config = get_method(config.algo).with_defaults(config, explicit_flags(argv))
         assert config.sampling == expected, argv
 
 
