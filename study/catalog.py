@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpifgl.algorithms import get_algorithm
+from mpifgl.methods import get_method
 
 # The paper's tables and figures, in report order.
 SECTIONS = ("table2", "fig3", "fig4", "table4", "table5", "fig5", "fig6")
@@ -26,7 +26,7 @@ class Method:
     @property
     def distributed(self) -> bool:
         """Runs under ``mpirun -n M+1`` (else one process on the merged shards)."""
-        return get_algorithm(self.algo).distributed
+        return get_method(self.algo).distributed
 
 
 METHODS = {m.name: m for m in (

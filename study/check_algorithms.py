@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from mpifgl.algorithms import get_algorithm
+from mpifgl.methods import get_method
 
 
 def import_errors(algos: list[str]) -> dict[str, str]:
@@ -20,7 +20,7 @@ def import_errors(algos: list[str]) -> dict[str, str]:
     errors = {}
     for algo in algos:
         try:
-            get_algorithm(algo).trainer_class()
+            get_method(algo).builder()
         except Exception as exc:  # any failure to import makes the method unavailable
             errors[algo] = f"{type(exc).__name__}: {exc}"
     return errors

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mpifgl.algorithms import get_algorithm
+from mpifgl.methods import get_method
 from mpifgl.config import parse_config
 from study.catalog import (METHODS, REFERENCE_METHOD, SECTION_METHODS, SECTIONS, algo_of,
                            label_of, methods_of)
@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_every_method_is_a_valid_training_with_a_label(name):
     method = METHODS[name]
     assert method.name == name and method.label.strip()
-    assert get_algorithm(method.algo).name == method.algo
+    assert get_method(method.algo).name == method.algo
     config = parse_config(["--algo", method.algo, *method.flags])  # exit 2 on an unknown flag
     assert config.algo == method.algo
 
