@@ -16,9 +16,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
-import torch
 
-from fgl_common.launch import RUNTIME_TUNING  # noqa: E402
+from fgl_common.launch import RUNTIME_TUNING
 
 # Open MPI reads these when mpi4py initialises MPI just below (MPICH ignores them): the
 # non-blocking reduce / broadcast algorithms of the exchange (docs/training.md); environment wins.
