@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from mpifgl import shards as shard_format
+from fgl_common import shard_format
 
 from .config import PartitionConfig, PrepConfig, SyntheticConfig
 from .datasets import load_dataset, normalise_dataset_name
@@ -108,8 +108,8 @@ def prepare_shards(dataset: str, num_clients: int, partition: str = "random", se
     """Make sure ``out`` holds verified shards for this request and return their manifest.
 
     ``out`` defaults to ``shards/<dataset>-<partition>-m<M>-s<S>`` in the working directory
-    (``mpifgl.shards.default_shard_dir``). If ``out`` already holds shards written for the same
-    request and they verify, nothing is written. If it holds something else, FileExistsError
+    (``fgl_common.shard_format.default_shard_dir``). If ``out`` already holds shards written for
+    the same request and they verify, nothing is written. If it holds something else, FileExistsError
     unless ``force=True`` (then it is replaced, atomically). Two processes preparing the same
     shards at once: the loser checks the winner's manifest and returns it. ``options``: see
     ``config_from_options``."""

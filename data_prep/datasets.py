@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
 
-from mpifgl.ownership import owner_tag, remove_dead_owners
+from fgl_common.ownership import owner_tag, remove_dead_owners
 
 from .config import PrepConfig, SyntheticConfig, default_cache_dir
 from .graph import GraphData, seed_stream, stratified_split, undirected_adjacency

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from mpifgl import shards as shard_format
+from fgl_common import shard_format
 
 from .progress import Progress
 

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from mpifgl import shards as shard_format
-from mpifgl.ownership import owner_tag, remove_dead_owners
+from fgl_common import shard_format
+from fgl_common.ownership import owner_tag, remove_dead_owners
 
 from .graph import GraphData
 from .partition import Partition

@@ -21,6 +21,9 @@ from typing import Any, Callable
 
 import torch
 
+from fgl_common.shard_format import (ShardError, check_shard_against_manifest,
+                                     default_shard_dir, file_sha256, load_client_shard,
+                                     read_manifest, shard_filename)
 from mpifgl.algorithms import get_algorithm
 from mpifgl.config import TrainConfig, build_parser, explicit_flags, resolved_path, resumed_config
 from mpifgl.failures import (Interrupted, SetupError, agree, describe, exit_status,
@@ -28,8 +31,6 @@ from mpifgl.failures import (Interrupted, SetupError, agree, describe, exit_stat
 from mpifgl.graph import ClientGraph
 from mpifgl.runlog import (CHECKPOINT_NAME, RunDirectory, claim_run_dir, default_run_dir,
                            load_checkpoint)
-from mpifgl.shards import (ShardError, check_shard_against_manifest, default_shard_dir,
-                           file_sha256, load_client_shard, read_manifest, shard_filename)
 from mpifgl.trainer import LocalComm, Trainer
 
 log = logging.getLogger("mpifgl")

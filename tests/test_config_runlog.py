@@ -106,7 +106,7 @@ def test_metrics_truncated_to_checkpoint_epoch(tmp_path):
 
 def test_model_module_does_not_import_mpi():
     code = ("import sys, mpifgl.model, mpifgl.graph, mpifgl.sampling, mpifgl.trainer, "
-            "mpifgl.shards; assert 'mpi4py' not in sys.modules")
+            "fgl_common.shard_format; assert 'mpi4py' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 

@@ -10,7 +10,7 @@ from data_prep.config import PartitionConfig, PrepConfig, SyntheticConfig
 from data_prep.datasets import load_dataset
 from data_prep.progress import Progress
 from data_prep.verify import verify_shard_dir
-from mpifgl import shards as shard_format
+from fgl_common import shard_format
 
 from data_prep_fixtures import (SMALL_SYN, assert_same_graph, copy_raw, edge_set,  # noqa: F401
                                 isolated_cache, run_cli)

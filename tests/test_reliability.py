@@ -16,12 +16,12 @@ import torch
 
 from data_prep import writer
 from data_prep.api import prepare_shards
+from fgl_common.ownership import owner_is_dead, remove_dead_owners
+from fgl_common.shard_format import default_shard_dir
 from mpifgl.config import TrainConfig, parse_config, resumed_config
 from mpifgl.failures import SetupError, describe
-from mpifgl.ownership import owner_is_dead, remove_dead_owners
 from mpifgl.runlog import (LOCK_NAME, RunDirError, RunDirectory, atomic_write, claim_run_dir,
                            default_run_dir)
-from mpifgl.shards import default_shard_dir
 
 from data_prep_fixtures import SMALL_SYN, SHARED_DATA, isolated_cache, run_cli  # noqa: F401
 from mpi_util import REPO, mpi_env

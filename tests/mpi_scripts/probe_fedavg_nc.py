@@ -12,7 +12,7 @@ from mpifgl.baselines.fedavg import FedAvgNCTrainer
 from mpifgl.comm import world
 from mpifgl.config import TrainConfig
 from mpifgl.graph import ClientGraph
-from mpifgl.shards import read_manifest
+from fgl_common.shard_format import read_manifest
 
 
 def main(shard_dir: str, out: str, fraction: float) -> None:
