@@ -21,11 +21,12 @@ from typing import Any, Callable
 
 import torch
 
+from fgl_common.cli import dataclass_from_namespace, explicit_dests
 from fgl_common.shard_format import (ShardError, check_shard_against_manifest,
                                      default_shard_dir, file_sha256, load_client_shard,
                                      read_manifest, shard_filename)
 from mpifgl.algorithms import get_algorithm
-from mpifgl.config import TrainConfig, build_parser, explicit_flags, resolved_path, resumed_config
+from mpifgl.config import TrainConfig, build_parser, resolved_path, resumed_config
 from mpifgl.failures import (Interrupted, SetupError, agree, describe, exit_status,
                              install_signal_handlers, rank_label)
 from mpifgl.graph import ClientGraph
@@ -97,7 +98,7 @@ def parse_args(argv: list[str] | None, quiet: bool) -> TrainConfig:
     if quiet:  # only rank 0 prints usage errors
         parser.print_usage = lambda *a, **k: None  # type: ignore[method-assign]
         parser._print_message = lambda *a, **k: None  # type: ignore[method-assign]
-    config = TrainConfig(**vars(parser.parse_args(argv)))
+    config = dataclass_from_namespace(TrainConfig, parser.parse_args(argv))
     try:
         config.validate()
     except ValueError as exc:
@@ -315,7 +316,7 @@ def run_distributed(config: TrainConfig, explicit: set[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv, quiet=launcher_rank() != 0)
-    explicit = explicit_flags(argv if argv is not None else sys.argv[1:])
+    explicit = explicit_dests(build_parser(), argv if argv is not None else sys.argv[1:])
     algorithm = get_algorithm(config.algo)
     config = algorithm.with_defaults(config, explicit)
     if not algorithm.distributed:
