@@ -31,7 +31,7 @@ from mpifgl.graph import ClientGraph, build_operator  # noqa: E402
 from mpifgl.model import flat_grads, select_rows, set_flat_grads  # noqa: E402
 from mpifgl.sampling import (NodeSampler, client_sample_sizes, group_counts,  # noqa: E402
                              make_distribution, node_groups)
-from mpifgl.shards import read_manifest  # noqa: E402
+from fgl_common.shard_format import read_manifest  # noqa: E402
 from mpifgl.communicator import LocalComm  # noqa: E402
 from mpifgl.methods import build_trainer  # noqa: E402
 

@@ -134,11 +134,11 @@ check_data_prep_vars() {
 
 # default_shard_dir SEEDVAR: print the default shard directory for DATASET, PARTITION,
 # NUM_CLIENTS and the seed in the variable SEEDVAR, relative to the repository root. Python
-# computes it (mpifgl.shards.default_shard_dir), so data_prep, mpifgl.train and the scripts share
+# computes it (fgl_common.shard_format.default_shard_dir), so data_prep, mpifgl.train and the scripts share
 # one name (after check_venv).
 default_shard_dir() {
   (cd "$MPIFGL_HOME" && "$PYTHON" -c 'import sys
-from mpifgl.shards import default_shard_dir
+from fgl_common.shard_format import default_shard_dir
 print(default_shard_dir(sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])))' \
     "$DATASET" "$NUM_CLIENTS" "$PARTITION" "${!1}") \
     || die "cannot compute the default SHARD_DIR with $PYTHON; set SHARD_DIR"

@@ -27,7 +27,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from mpifgl.shards import ClientShard, Manifest, load_client_shard, shard_filename
+from fgl_common.shard_format import ClientShard, Manifest, load_client_shard, shard_filename
 
 try:  # the kernel behind scipy's csr_matrix @ dense, without its per-call Python checks
     from scipy.sparse._sparsetools import csr_matvecs as _csr_matvecs

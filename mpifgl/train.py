@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 import time
 import traceback
@@ -21,16 +22,18 @@ from typing import Callable
 
 import torch
 
+from fgl_common.cli import explicit_dests
+from fgl_common.shard_format import (MANIFEST_NAME, ShardError, check_shard_against_manifest,
+                                     default_shard_dir, file_sha256, load_client_shard,
+                                     read_manifest, shard_filename)
 from mpifgl.communicator import Communicator, LocalComm
-from mpifgl.config import TrainConfig, build_parser, explicit_flags, resolved_path, resumed_config
+from mpifgl.config import TrainConfig, build_parser, resolved_path, resumed_config
 from mpifgl.failures import (Interrupted, SetupError, agree, describe, exit_status,
                              install_signal_handlers, rank_label)
 from mpifgl.graph import ClientGraph
 from mpifgl.methods import build_trainer, get_method
 from mpifgl.runlog import (CHECKPOINT_NAME, RunDirectory, claim_run_dir, default_run_dir,
                            load_checkpoint)
-from mpifgl.shards import (ShardError, check_shard_against_manifest, default_shard_dir,
-                           file_sha256, load_client_shard, read_manifest, shard_filename)
 from mpifgl.trainer import Trainer
 
 log = logging.getLogger("mpifgl")
@@ -97,7 +100,7 @@ def parse_args(argv: list[str] | None, quiet: bool) -> TrainConfig:
     if quiet:  # only rank 0 prints usage errors
         parser.print_usage = lambda *a, **k: None  # type: ignore[method-assign]
         parser._print_message = lambda *a, **k: None  # type: ignore[method-assign]
-    config = TrainConfig(**vars(parser.parse_args(argv)))
+    config = dataclass_from_namespace(TrainConfig, parser.parse_args(argv))
     try:
         config.validate()
     except ValueError as exc:
@@ -109,10 +112,25 @@ def parse_args(argv: list[str] | None, quiet: bool) -> TrainConfig:
 
 
 def prepare_default_shards(config: TrainConfig, shard_dir: Path, num_clients: int) -> None:
-    from data_prep.api import prepare_shards  # only the default run needs data_prep
+    """Run ``python -m data_prep`` for the default run's shards: data preparation is a program
+    of its own, which training never imports. Shards another job installed meanwhile (it won
+    the race for the same directory) count as prepared; read_manifest and the checksums check
+    them like any others."""
     log.warning("no --shards given: preparing %s with %d clients in %s (once)", config.dataset,
                 num_clients, shard_dir)
-    prepare_shards(config.dataset, num_clients, "random", 0, config.data_root or None, shard_dir)
+    command = [sys.executable, "-m", "data_prep", "--dataset", config.dataset,
+               "--num-clients", str(num_clients), "--partition", "random", "--seed", "0",
+               "--out", str(shard_dir), "--quiet"]
+    if config.data_root:
+        command += ["--data-root", config.data_root]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode == 0 or (shard_dir / MANIFEST_NAME).is_file():
+        return
+    error = done.stderr.strip()
+    marker = "data_prep: error: "
+    reason = error[error.rindex(marker) + len(marker):] if marker in error else \
+        (error.splitlines() or [f"exit status {done.returncode}"])[-1]
+    raise ValueError(f"preparing the default shards in {shard_dir} failed: {reason}")
 
 
 def resolve_shards(config: TrainConfig, comm: Communicator, num_clients: int) -> TrainConfig:
@@ -123,7 +141,7 @@ def resolve_shards(config: TrainConfig, comm: Communicator, num_clients: int) ->
 
     def prepare() -> None:
         try:
-            if comm.is_server and not (shard_dir / "manifest.json").is_file():
+            if comm.is_server and not (shard_dir / MANIFEST_NAME).is_file():
                 prepare_default_shards(config, shard_dir, num_clients)
         finally:  # clients sleep in this barrier while the server prepares, failing or not
             comm.wait_for_server()
@@ -315,7 +333,7 @@ def run_distributed(config: TrainConfig, explicit: set[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv, quiet=launcher_rank() != 0)
-    explicit = explicit_flags(argv if argv is not None else sys.argv[1:])
+    explicit = explicit_dests(build_parser(), argv if argv is not None else sys.argv[1:])
     method = get_method(config.algo)
     config = method.with_defaults(config, explicit)
     if not method.distributed:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from fgl_common.shard_format import load_client_shard, read_manifest, shard_filename
 from graphs import random_parts, write_shards
 from mpi_util import REPO, run_mpi, run_python
 from mpifgl.methods.bns import BoundaryNodeSampler
@@ -21,7 +22,6 @@ from mpifgl.methods.fedavg import (fedavg_contribution, fedavg_result, local_gra
 from mpifgl.methods.sampled import (NeighbourSampler, RandomWalkSampler, sample_neighbours,
                                       saint_normalisation)
 from mpifgl.graph import ClientGraph
-from mpifgl.shards import load_client_shard, read_manifest, shard_filename
 
 TRAIN = ["-m", "mpifgl.train"]
 TINY = ["--hidden", "8", "--log-every", "100", "--save-logits", "--force"]

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fgl_common.shard_format import ClientShard, write_client_shard
 from mpifgl.bias import (BiasError, local_bias, main, mean_distance, node_distances,
                          per_client_distance)
-from mpifgl.shards import ClientShard, write_client_shard
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,13 +14,13 @@ import pytest
 import scipy.sparse as sp
 import torch
 
+from fgl_common.shard_format import load_client_shard, read_manifest, shard_filename
 from graphs import Graph, random_graph, random_parts, write_shards
 from mpi_util import REPO, run_mpi
 from mpifgl.config import TrainConfig
 from mpifgl.graph import ClientGraph
 from mpifgl.model import flat_grads, select_rows
 from mpifgl.sampling import NodeSample
-from mpifgl.shards import load_client_shard, read_manifest, shard_filename
 from mpifgl.communicator import LocalComm
 from mpifgl.methods import build_trainer
 

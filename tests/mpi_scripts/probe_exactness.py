@@ -17,7 +17,7 @@ from mpifgl.config import TrainConfig
 from mpifgl.graph import ClientGraph
 from mpifgl.model import flat_grads, select_rows
 from mpifgl.sampling import NodeSample
-from mpifgl.shards import read_manifest
+from fgl_common.shard_format import read_manifest
 from mpifgl.methods import build_trainer
 
 SAMPLE_KEEP = 0.6

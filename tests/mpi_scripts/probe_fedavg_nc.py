@@ -11,8 +11,8 @@ import numpy as np
 from mpifgl.comm import world
 from mpifgl.config import TrainConfig
 from mpifgl.graph import ClientGraph
+from fgl_common.shard_format import read_manifest
 from mpifgl.methods import build_trainer
-from mpifgl.shards import read_manifest
 
 
 def main(shard_dir: str, out: str, fraction: float) -> None:
