@@ -16,7 +16,6 @@ import dataclasses
 import types
 import typing
 from dataclasses import fields
-from pathlib import Path
 from typing import Any, Sequence, TypeVar
 
 T = TypeVar("T")

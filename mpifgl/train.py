@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from fgl_common.cli import explicit_dests
+from fgl_common.cli import dataclass_from_namespace, explicit_dests
 from fgl_common.shard_format import (MANIFEST_NAME, ShardError, check_shard_against_manifest,
                                      default_shard_dir, file_sha256, load_client_shard,
                                      read_manifest, shard_filename)
