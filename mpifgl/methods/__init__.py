@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from mpifgl.communicator import Communicator
 from mpifgl.config import TrainConfig
-from mpifgl.graph import ClientGraph
-from mpifgl.runlog import RunDirectory
-from mpifgl.trainer import RankSetup, Trainer, TrainingMethod
+
+if TYPE_CHECKING:  # the catalog is read by tools that must not load torch (the study's driver)
+    from mpifgl.communicator import Communicator
+    from mpifgl.graph import ClientGraph
+    from mpifgl.runlog import RunDirectory
+    from mpifgl.trainer import RankSetup, Trainer, TrainingMethod
 
 
 @dataclass(frozen=True)
@@ -70,5 +72,6 @@ def build_trainer(config: TrainConfig, comm: Communicator, graph: ClientGraph, n
                   run_dir: RunDirectory | None = None,
                   run_info: dict[str, Any] | None = None) -> Trainer:
     """This rank's Trainer for ``config.algo`` (collective: every rank builds its own)."""
+    from mpifgl.trainer import RankSetup, Trainer
     setup = RankSetup.create(config, comm, graph, num_classes)
     return Trainer(setup, get_method(config.algo).builder()(setup), run_dir, run_info)
