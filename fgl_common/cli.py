@@ -136,9 +136,10 @@ def add_dataclass_arguments(container: argparse._ActionsContainer, cls: type, pr
             continue
         if f.metadata.get("flag") and not choices:  # named after the flag
             extra["metavar"] = flag.lstrip("-").replace("-", "_").upper()
+        shown = not required and default is not None and default != ""  # "": nothing to show
         container.add_argument(
             flag, dest=dest, default=default, required=required, **extra,
-            help=help_text + ("" if required or default is None else " (default: %(default)s)"))
+            help=help_text + (" (default: %(default)s)" if shown else ""))
 
 
 def dataclass_from_namespace(cls: type[T], namespace: argparse.Namespace, prefix: str = "",
