@@ -19,16 +19,30 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option  # noqa: E402
 from fgl_common.launch import mpi_launch_env, mpirun_path  # noqa: E402
 from study.catalog import METHODS, label_of  # noqa: E402
 from study.plan import LR_GRID  # noqa: E402
 
 DEFAULT_METHODS = ("ours", "ours-full", "ours-star", "centralized")
+
+
+@dataclass(frozen=True)
+class AccuracyTableArgs:
+    datasets: tuple[str, ...] = option(("cora", "citeseer", "amazon-computers", "coauthor-cs"),
+                                       "comma-separated dataset names")
+    out: Path = option(Path("reports/accuracy"), "shards, runs and accuracy.md go here")
+    seeds: tuple[int, ...] = option((0, 1, 2), "comma-separated seeds; lr is picked on the first")
+    epochs: int = option(200, "epochs per run")
+    clients: int = option(8, "clients of the random partition")
+    methods: tuple[str, ...] = option(DEFAULT_METHODS, "names from study/catalog.py",
+                                      tuple(METHODS))
 
 
 def run(method: str, shards: Path, out: Path, lr: float, seed: int, epochs: int,
@@ -56,28 +70,22 @@ def run(method: str, shards: Path, out: Path, lr: float, seed: int, epochs: int,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1])
-    parser.add_argument("--datasets", default="cora,citeseer,amazon-computers,coauthor-cs")
-    parser.add_argument("--out", default="reports/accuracy")
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--epochs", type=int, default=200)
-    parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--methods", default=",".join(DEFAULT_METHODS),
-                        help="names from study/catalog.py")
-    args = parser.parse_args()
-    unknown = [m for m in args.methods.split(",") if m not in METHODS]
-    if unknown:
-        parser.error(f"--methods {','.join(unknown)}: unknown, expected names of "
-                     f"study/catalog.py: {', '.join(METHODS)}")
+    add_dataclass_arguments(parser, AccuracyTableArgs)
+    args = dataclass_from_namespace(AccuracyTableArgs, parser.parse_args())
+    for flag, values in (("--datasets", args.datasets), ("--seeds", args.seeds),
+                         ("--methods", args.methods)):
+        if not values:
+            parser.error(f"{flag} is empty, expected a comma-separated list")
     from data_prep.api import prepare_shards
-    out = Path(args.out)
-    seeds = [int(s) for s in args.seeds.split(",")]
+    out = args.out
+    seeds = list(args.seeds)
     rows = []
-    for dataset in args.datasets.split(","):
+    for dataset in args.datasets:
         shards = out / "shards" / f"{dataset}-{args.clients}"
         prepare_shards(dataset, args.clients, "random", 0, None, shards)
         print(f"{dataset}:", flush=True)
         row = {"dataset": dataset}
-        for method in args.methods.split(","):
+        for method in args.methods:
             runs = out / "runs" / dataset / method
             search = {lr: run(method, shards, runs / f"lr{lr}-s{seeds[0]}", lr, seeds[0],
                               args.epochs, args.clients) for lr in LR_GRID}
@@ -88,11 +96,12 @@ def main() -> None:
             std = statistics.stdev(scores) if len(scores) > 1 else 0.0
             row[method] = f"{100 * statistics.mean(scores):.2f} ± {100 * std:.2f} (lr {lr})"
         rows.append(row)
-    methods = args.methods.split(",")
+    methods = args.methods
     table = ["| dataset | " + " | ".join(label_of(m) for m in methods) + " |", "|---" * (len(methods) + 1) + "|"]
     table += ["| " + r["dataset"] + " | " + " | ".join(r[m] for m in methods) + " |" for r in rows]
     text = (f"Test micro-F1 (%), {args.clients} clients, random partition, {args.epochs} epochs, "
-            f"seeds {args.seeds}, lr by validation on seed {seeds[0]}\n\n" + "\n".join(table) + "\n")
+            f"seeds {','.join(map(str, seeds))}, lr by validation on seed {seeds[0]}\n\n"
+            + "\n".join(table) + "\n")
     (out / "accuracy.md").write_text(text)
     print(text)
 

@@ -24,7 +24,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option  # noqa: E402
 
 CASES = {
     "amazon-computers": ["--dataset", "amazon-computers"],
@@ -32,6 +38,14 @@ CASES = {
                            "--syn-edges", "61859140", "--syn-features", "100",
                            "--syn-classes", "47", "--syn-homophily", "0.8"],
 }
+
+
+@dataclass(frozen=True)
+class DataPrepBenchArgs:
+    case: str = option("all", "which case to measure", (*CASES, "all"))
+    num_clients: int = option(8, "clients of the random partition")
+    out_dir: Path | None = option(None, "where shard directories go (default: a temp dir)")
+    keep: bool = option(False, "keep the shard directories")
 
 
 def run_child(argv: list[str]) -> tuple[int, float, float]:
@@ -45,12 +59,8 @@ def run_child(argv: list[str]) -> tuple[int, float, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--case", choices=[*CASES, "all"], default="all")
-    parser.add_argument("--num-clients", type=int, default=8)
-    parser.add_argument("--out-dir", type=Path, default=None,
-                        help="where shard directories go (default: a temp dir)")
-    parser.add_argument("--keep", action="store_true", help="keep the shard directories")
-    args = parser.parse_args()
+    add_dataclass_arguments(parser, DataPrepBenchArgs)
+    args = dataclass_from_namespace(DataPrepBenchArgs, parser.parse_args())
     out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="bench-data-prep-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     cases = list(CASES) if args.case == "all" else [args.case]

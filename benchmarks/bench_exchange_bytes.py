@@ -30,16 +30,30 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option  # noqa: E402
 from fgl_common.launch import mpirun_path  # noqa: E402
 from study.runner import subprocess_env  # noqa: E402
 
 DATASET = "amazon-computers"
 HIDDEN, LAYERS, ITEMSIZE, STEPS = 128, 2, 4, 4
+
+
+@dataclass(frozen=True)
+class ExchangeBytesArgs:
+    work: Path = option(Path("/tmp/mpifgl-bytes"), "shards and runs go here")
+    clients: tuple[int, ...] = option((4, 8, 16, 32), "comma-separated client counts")
+    partitions: tuple[str, ...] = option(("random", "metis"), "comma-separated data_prep "
+                                                              "--partition values")
+    modes: tuple[str, ...] = option(("compact", "compact-reduce", "reduce"),
+                                    "comma-separated mpifgl.train --exchange values")
+    data_root: str = option("", "raw datasets directory (data_prep's --data-root); empty: its "
+                                "default")
 
 
 def prepare(work: Path, clients: int, partition: str, data_root: str) -> Path:
@@ -74,19 +88,15 @@ def mean_over_clients(values: list[int]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--work", type=Path, default=Path("/tmp/mpifgl-bytes"))
-    parser.add_argument("--clients", default="4,8,16,32")
-    parser.add_argument("--partitions", default="random,metis")
-    parser.add_argument("--modes", default="compact,compact-reduce,reduce")
-    parser.add_argument("--data-root", default="")
-    args = parser.parse_args()
-    modes = args.modes.split(",")
+    add_dataclass_arguments(parser, ExchangeBytesArgs)
+    args = dataclass_from_namespace(ExchangeBytesArgs, parser.parse_args())
+    modes = args.modes
     header = (f"{'partition':9} {'m':>3} {'mode':15} {'exch sent':>10} {'exch recv':>10} "
               f"{'total sent':>10} {'total recv':>10} {'server recv':>11} {'server sent':>11} "
               f"{'vs reduce':>9} {'formula':>9} {'seconds':>7}")
     rows = []
-    for partition in args.partitions.split(","):
-        for clients in (int(c) for c in args.clients.split(",")):
+    for partition in args.partitions:
+        for clients in args.clients:
             shards = prepare(args.work, clients, partition, args.data_root)
             num_nodes = json.loads((shards / "manifest.json").read_text())["num_nodes"]
             sample = -(-num_nodes // 4)

@@ -53,6 +53,7 @@ from statistics import mean
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option  # noqa: E402
 from fgl_common.launch import mpirun_path  # noqa: E402
 from study.runner import subprocess_env  # noqa: E402
 
@@ -66,6 +67,22 @@ HARD_SYNTHETIC = {"syn_features": 100, "syn_classes": 47, "syn_homophily": 0.8,
 METHODS = {"ours": [], "ours-full": ["--sampling", "none"],
            "centralized": ["--algo", "centralized"]}
 MB = 2 ** 20
+
+
+@dataclass(frozen=True)
+class ProductsBenchArgs:
+    work: Path = option(Path("/tmp/mpifgl-products"), "shards, runs and results.json go here")
+    scale: float = option(1.0, "fraction of ogbn-products' nodes and edges (0.01: a one-minute "
+                               "try)")
+    clients: tuple[int, ...] = option((8, 16), "comma-separated client counts")
+    methods: tuple[str, ...] = option(tuple(METHODS), "comma-separated subset of "
+                                      + ", ".join(METHODS), tuple(METHODS))
+    epochs: int = option(3, "epochs per run; the last one evaluates on the full graph")
+    exchange: str | None = option(None, "passed to mpifgl.train --exchange (default: the "
+                                        "trainer's)")
+    timeout: float = option(4 * 3600.0, "seconds after which a run is killed and recorded as "
+                                        "failed")
+
 
 def synthetic_options(scale: float) -> dict:
     return {"syn_nodes": round(PRODUCTS_NODES * scale), "syn_edges": round(PRODUCTS_EDGES * scale),
@@ -279,27 +296,12 @@ def ratios(outcomes: list[Outcome]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--work", type=Path, default=Path("/tmp/mpifgl-products"),
-                        help="shards, runs and results.json go here")
-    parser.add_argument("--scale", type=float, default=1.0,
-                        help="fraction of ogbn-products' nodes and edges (0.01: a one-minute try)")
-    parser.add_argument("--clients", default="8,16", help="comma-separated client counts")
-    parser.add_argument("--methods", default=",".join(METHODS),
-                        help=f"comma-separated subset of {', '.join(METHODS)}")
-    parser.add_argument("--epochs", type=int, default=3,
-                        help="epochs per run; the last one evaluates on the full graph")
-    parser.add_argument("--exchange", default=None,
-                        help="passed to mpifgl.train --exchange (default: the trainer's)")
-    parser.add_argument("--timeout", type=float, default=4 * 3600,
-                        help="seconds after which a run is killed and recorded as failed")
-    args = parser.parse_args()
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = sorted(set(methods) - set(METHODS))
-    if unknown:
-        parser.error(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(METHODS)}")
-    clients = [int(c) for c in args.clients.split(",") if c.strip()]
+    add_dataclass_arguments(parser, ProductsBenchArgs)
+    args = dataclass_from_namespace(ProductsBenchArgs, parser.parse_args())
+    methods, clients = list(args.methods), list(args.clients)
     if not clients or min(clients) < 1:
-        parser.error(f"--clients must list client counts >= 1, got {args.clients!r}")
+        parser.error(f"--clients must list client counts >= 1, got "
+                     f"{','.join(map(str, clients))!r}")
     if not 0 < args.scale <= 1 or args.epochs < 1:
         parser.error(f"--scale must be in (0, 1] and --epochs >= 1, got {args.scale}, "
                      f"{args.epochs}")

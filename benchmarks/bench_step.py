@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import MISSING, dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,6 +27,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option  # noqa: E402
 from mpifgl.config import TrainConfig  # noqa: E402
 from mpifgl.graph import ClientGraph, build_operator  # noqa: E402
 from mpifgl.model import flat_grads, select_rows, set_flat_grads  # noqa: E402
@@ -36,13 +38,18 @@ from mpifgl.communicator import LocalComm  # noqa: E402
 from mpifgl.methods import build_trainer  # noqa: E402
 
 
+@dataclass(frozen=True)
+class StepBenchArgs:
+    shards: Path = option(MISSING, "shard directory written by data_prep", required=True)
+    client: int = option(0, "client id whose step is measured")
+    steps: int = option(100, "steps per measurement")
+    repeats: int = option(5, "measurements; the best is printed")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shards", type=Path, required=True)
-    parser.add_argument("--client", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    add_dataclass_arguments(parser, StepBenchArgs)
+    args = dataclass_from_namespace(StepBenchArgs, parser.parse_args())
     manifest = read_manifest(str(args.shards))
     if not 0 <= args.client < manifest.num_clients:
         parser.error(f"--client {args.client}: expected 0..{manifest.num_clients - 1} "

@@ -37,12 +37,14 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option  # noqa: E402
 from fgl_common.launch import mpirun_path  # noqa: E402
 from study.runner import prepare_shards_subprocess, subprocess_env  # noqa: E402
 
@@ -50,6 +52,18 @@ CLIENTS = 8
 METHODS = ("ours", "ours-1step", "ours-star", "ours-full", "centralized", "centralized-all-cores")
 HIDDEN = 128
 LAYERS = 2
+
+
+@dataclass(frozen=True)
+class TrainBenchArgs:
+    epochs: int = option(20, "epochs per run")
+    work: Path = option(Path("/tmp/mpifgl-bench"), "shards and runs go here")
+    shards: Path | None = option(None, "existing amazon-computers 8-client shards (default: "
+                                       "prepared)")
+    data_root: str | None = option(None, "raw datasets directory (data_prep's --data-root)")
+    methods: tuple[str, ...] = option(METHODS, "comma-separated subset of: " + ", ".join(METHODS),
+                                      METHODS)
+    repeats: int = option(1, "interleaved rounds")
 
 
 def run(method: str, shards: Path, out: Path, epochs: int, flags: list[str]) -> float:
@@ -75,20 +89,12 @@ def steady(out: Path) -> list[dict]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--work", type=Path, default=Path("/tmp/mpifgl-bench"))
-    parser.add_argument("--shards", type=Path, default=None,
-                        help="existing amazon-computers 8-client shards (default: prepared)")
-    parser.add_argument("--data-root", default=None)
-    parser.add_argument("--methods", default=",".join(METHODS),
-                        help="comma-separated subset of: " + ", ".join(METHODS))
-    parser.add_argument("--repeats", type=int, default=1, help="interleaved rounds (default 1)")
-    args = parser.parse_args()
-    chosen = [m for m in args.methods.split(",") if m]
-    unknown = [m for m in chosen if m not in METHODS]
-    if unknown or not chosen:
-        parser.error(f"--methods {args.methods!r}: unknown {unknown}, expected a comma-separated "
-                     f"subset of {', '.join(METHODS)}")
+    add_dataclass_arguments(parser, TrainBenchArgs)
+    args = dataclass_from_namespace(TrainBenchArgs, parser.parse_args())
+    chosen = list(args.methods)
+    if not chosen:
+        parser.error(f"--methods is empty, expected a comma-separated subset of "
+                     f"{', '.join(METHODS)}")
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats}: expected at least 1")
     shards = args.shards or args.work / "shards" / "amazon-computers-random-m8-s0"

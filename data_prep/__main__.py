@@ -11,10 +11,11 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace
+from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option
 
 from .api import PrepResult, run_prep
 from .config import PartitionConfig, PrepConfig, SyntheticConfig
@@ -81,13 +82,20 @@ def _prepare(argv: list[str]) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class VerifyArgs:
+    """The command line of ``data_prep verify``."""
+
+    shard_dir: Path = option(MISSING, "shard directory written by data_prep", positional=True)
+    show_progress: bool = option(True, "no progress lines on stderr", flag="--quiet")
+
+
 def _verify(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog=f"{PROG} verify",
                                      description="Check a shard directory; report every problem.")
-    parser.add_argument("shard_dir", type=Path)
-    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    args = parser.parse_args(argv)
-    report = verify_shard_dir(args.shard_dir, show_progress=not args.quiet)
+    add_dataclass_arguments(parser, VerifyArgs)
+    args = dataclass_from_namespace(VerifyArgs, parser.parse_args(argv))
+    report = verify_shard_dir(args.shard_dir, show_progress=args.show_progress)
     if report.ok:
         m = report.manifest or {}
         print(f"{PROG} verify: {args.shard_dir} OK ({m.get('num_clients')} clients, "

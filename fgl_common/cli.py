@@ -8,6 +8,10 @@ configuration, and each of its fields is one ``--flag`` (name, type, default, he
     parser = argparse.ArgumentParser(prog="...")
     add_dataclass_arguments(parser, Config)
     config = dataclass_from_namespace(Config, parser.parse_args(argv))
+
+A ``tuple[X, ...]`` field takes one comma-separated value (``--seeds 0,1,2``), each item converted
+with X; with ``nargs="+"`` it takes several arguments instead (``check ours fedavg``). A field
+with ``positional=True`` is a required positional argument named after it (``RUN_DIR``).
 """
 from __future__ import annotations
 
@@ -22,14 +26,21 @@ T = TypeVar("T")
 
 
 def option(default: Any, help: str, choices: Sequence[str] | None = None, *,
-           required: bool = False, flag: str | None = None) -> Any:
+           required: bool = False, flag: str | None = None, positional: bool = False,
+           nargs: str | None = None) -> Any:
     """A dataclass field that is also a command-line flag. ``required``: the field has no
     default (pass ``dataclasses.MISSING``) and the flag must be given. ``flag``: a spelling other
     than the field's name (``--partition`` for ``method``); a bool field defaulting to True needs
-    one, since its flag turns it off (``--quiet`` for ``show_progress``)."""
+    one, since its flag turns it off (``--quiet`` for ``show_progress``). ``positional``: an
+    argument without ``--`` (always required; pass ``dataclasses.MISSING``). ``nargs="+"``: a
+    tuple field given as one or more arguments rather than one comma-separated value.
+    ``choices`` of a tuple field apply to each of its items."""
+    if nargs not in (None, "+"):
+        raise TypeError(f"option(nargs={nargs!r}): expected None or '+'")
     return dataclasses.field(default=default, metadata={
         "help": help, "choices": tuple(choices) if choices is not None else None,
-        "required": required, "flag": flag})
+        "required": required or positional, "flag": flag, "positional": positional,
+        "nargs": nargs})
 
 
 def flag_name(field_name: str, prefix: str = "") -> str:
@@ -55,12 +66,41 @@ def _flag_type(hint: Any) -> Any:
     return hint
 
 
+def _tuple_item(hint: Any) -> Any | None:
+    """X for a ``tuple[X, ...]`` annotation, else None."""
+    if typing.get_origin(hint) is tuple:
+        args = typing.get_args(hint)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return args[0]
+    return None
+
+
+class CommaSeparated:
+    """argparse type of a ``tuple[X, ...]`` flag: ``"4,8,16"`` -> ``(4, 8, 16)``; empty items are
+    skipped, so ``""`` is the empty tuple. With ``choices`` every item must be one of them."""
+
+    def __init__(self, item: Any, choices: Sequence[str] | None = None):
+        self.item, self.choices = item, choices
+        # argparse names the type in its error: "invalid comma-separated int value: '4,x'"
+        self.__name__ = f"comma-separated {getattr(item, '__name__', item)}"
+
+    def __call__(self, text: str) -> tuple:
+        values = tuple(self.item(v.strip()) for v in text.split(",") if v.strip())
+        unknown = [v for v in values if self.choices is not None and v not in self.choices]
+        if unknown:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} has unknown {', '.join(map(repr, unknown))}, expected comma-separated "
+                f"values among {', '.join(map(str, self.choices))}")
+        return values
+
+
 def add_dataclass_arguments(container: argparse._ActionsContainer, cls: type, prefix: str = "",
                             only: Sequence[str] | None = None,
                             exclude: Sequence[str] = ()) -> None:
-    """One ``--<prefix><field>`` flag per field of ``cls`` (``only`` / ``exclude`` pick fields).
-    A bool field is a switch that flips its default. Help ends with the default, written as
-    argparse's ``%(default)s`` so ``ArgumentDefaultsHelpFormatter`` does not repeat it."""
+    """One ``--<prefix><field>`` flag (or positional argument) per field of ``cls`` (``only`` /
+    ``exclude`` pick fields). A bool field is a switch that flips its default. Help ends with the
+    default, written as argparse's ``%(default)s`` so ``ArgumentDefaultsHelpFormatter`` does not
+    repeat it."""
     hints = typing.get_type_hints(cls)
     for f in fields(cls):
         if (only is not None and f.name not in only) or f.name in exclude or not f.init:
@@ -68,22 +108,38 @@ def add_dataclass_arguments(container: argparse._ActionsContainer, cls: type, pr
         kind = _flag_type(hints[f.name])
         help_text = str(f.metadata.get("help", "")).replace("%", "%%")  # argparse formats help
         flag, dest = _field_flag(f, prefix), _dest(f.name, prefix)
+        required = bool(f.metadata.get("required"))
         if kind is bool:
             if f.default is not False and not f.metadata.get("flag"):
                 raise TypeError(f"{cls.__name__}.{f.name}: a bool field defaulting to "
                                 f"{f.default!r} needs option(flag=...) naming what turns it off")
             action = "store_true" if f.default is False else "store_false"
-            container.add_argument(flag, dest=dest, action=action, help=help_text)
+            container.add_argument(flag, dest=dest, action=action, required=required,
+                                   help=help_text)
             continue
-        required = bool(f.metadata.get("required"))
         default = None if f.default is dataclasses.MISSING else f.default
-        extra: dict[str, Any] = {}
-        if f.metadata.get("flag") and not f.metadata.get("choices"):  # named after the flag
+        choices, item = f.metadata.get("choices"), _tuple_item(kind)
+        extra: dict[str, Any] = {"type": kind, "choices": choices}
+        if f.metadata.get("nargs"):
+            if item is None:
+                raise TypeError(f"{cls.__name__}.{f.name}: nargs='+' needs a tuple[X, ...] field")
+            extra.update(nargs="+", type=item)  # argparse checks choices per item
+        elif item is not None:
+            extra.update(type=CommaSeparated(item, choices), choices=None)
+            if default is not None:  # a string default goes through the type: help shows 4,8
+                default = ",".join(map(str, default))
+        if f.metadata.get("positional"):
+            if f.default is not dataclasses.MISSING:
+                raise TypeError(f"{cls.__name__}.{f.name}: a positional field is required; "
+                                f"pass dataclasses.MISSING, not {f.default!r}")
+            container.add_argument(dest, metavar=f.name.upper(), help=help_text, **extra)
+            continue
+        if f.metadata.get("flag") and not choices:  # named after the flag
             extra["metavar"] = flag.lstrip("-").replace("-", "_").upper()
+        shown = not required and default is not None and default != ""  # "": nothing to show
         container.add_argument(
-            flag, dest=dest, type=kind, default=default, required=required,
-            choices=f.metadata.get("choices"), **extra,
-            help=help_text + ("" if required or default is None else " (default: %(default)s)"))
+            flag, dest=dest, default=default, required=required, **extra,
+            help=help_text + (" (default: %(default)s)" if shown else ""))
 
 
 def dataclass_from_namespace(cls: type[T], namespace: argparse.Namespace, prefix: str = "",
@@ -92,6 +148,7 @@ def dataclass_from_namespace(cls: type[T], namespace: argparse.Namespace, prefix
     set fields that have no flag of their own."""
     values = {f.name: getattr(namespace, _dest(f.name, prefix)) for f in fields(cls)
               if f.init and f.name not in overrides and hasattr(namespace, _dest(f.name, prefix))}
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}  # nargs="+"
     return cls(**values, **overrides)
 
 
@@ -111,4 +168,4 @@ def explicit_dests(parser: argparse.ArgumentParser, argv: Sequence[str] | None) 
 
 
 __all__ = ["option", "flag_name", "add_dataclass_arguments", "dataclass_from_namespace",
-           "explicit_dests"]
+           "explicit_dests", "CommaSeparated"]

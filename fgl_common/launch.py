@@ -14,8 +14,11 @@ import os
 import shlex
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
+
+from fgl_common.cli import add_dataclass_arguments, option
 
 # More ranks than cores is the normal case here (1 server + M clients on a laptop, a 2-core VM
 # or an allocation of a few cores); Open MPI 5 refuses it unless told.
@@ -71,12 +74,19 @@ def shell_exports(base: Mapping[str, str] = os.environ, as_root: bool | None = N
                                  for name, value in group.items()) for group in groups]
 
 
+@dataclass(frozen=True)
+class LaunchArgs:
+    """The command line of ``python -m fgl_common.launch``: only the shell form exists."""
+
+    shell: bool = option(False, "print the launch variables as `export NAME=VALUE ...` lines",
+                         required=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fgl_common.launch",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shell", action="store_true", required=True,
-                        help="print the launch variables as `export NAME=VALUE ...` lines")
-    parser.parse_args(argv)
+    add_dataclass_arguments(parser, LaunchArgs)
+    parser.parse_args(argv)  # --shell is required: nothing else to read
     print("\n".join(shell_exports()))
     return 0
 

@@ -18,12 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option
 from fgl_common.shard_format import ShardError, load_client_shard, read_manifest, shard_filename
 
 
@@ -192,22 +193,28 @@ def local_bias(run_dir: str | Path, reference_dir: str | Path,
     return report
 
 
+@dataclass(frozen=True)
+class BiasArgs:
+    """The command line of ``python -m mpifgl.bias``."""
+
+    run_dir: str = option(MISSING, "run directory of the model to measure", positional=True)
+    reference: str = option(MISSING, "centralized run directory", required=True)
+    noise_reference: str | None = option(None, "a second centralized run with another seed: its "
+                                               "distance to --reference is the seed-noise floor")
+    shards: str | None = option(None, "shard directory for client membership (default: the "
+                                      "run's own)")
+    json: str | None = option(None, "also write the report as JSON here")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m mpifgl.bias",
         description="Local bias = mean Euclidean distance between a run's logits and those of a "
                     "centralized reference run (both trained with --save-logits).")
-    parser.add_argument("run", help="run directory of the model to measure")
-    parser.add_argument("--reference", required=True, help="centralized run directory")
-    parser.add_argument("--noise-reference", default=None,
-                        help="a second centralized run with another seed: its distance to "
-                             "--reference is the seed-noise floor")
-    parser.add_argument("--shards", default=None,
-                        help="shard directory for client membership (default: the run's own)")
-    parser.add_argument("--json", default=None, help="also write the report as JSON here")
-    args = parser.parse_args(argv)
+    add_dataclass_arguments(parser, BiasArgs)
+    args = dataclass_from_namespace(BiasArgs, parser.parse_args(argv))
     try:
-        report = local_bias(args.run, args.reference, args.noise_reference, args.shards)
+        report = local_bias(args.run_dir, args.reference, args.noise_reference, args.shards)
     except BiasError as exc:
         print(f"mpifgl.bias: error: {exc}", file=sys.stderr)
         return 1

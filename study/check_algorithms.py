@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import MISSING, dataclass
 
+from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option
 from mpifgl.methods import get_method
 
 
@@ -26,11 +28,21 @@ def import_errors(algos: list[str]) -> dict[str, str]:
     return errors
 
 
+@dataclass(frozen=True)
+class CheckArgs:
+    """The command line of ``python -m study.check_algorithms``."""
+
+    # no choices: an unknown name is reported in the JSON line, like one that does not import
+    algos: tuple[str, ...] = option(MISSING, "--algo values of mpifgl.train", positional=True,
+                                    nargs="+")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m study.check_algorithms",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("algos", nargs="+", help="--algo values of mpifgl.train")
-    print(json.dumps(import_errors(parser.parse_args(argv).algos)))
+    add_dataclass_arguments(parser, CheckArgs)
+    algos = dataclass_from_namespace(CheckArgs, parser.parse_args(argv)).algos
+    print(json.dumps(import_errors(list(algos))))
     return 0
 
 

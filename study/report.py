@@ -12,11 +12,13 @@ import argparse
 import csv
 import math
 import sys
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option
 
 from mpifgl.bias import BiasError, load_run_logits, mean_distance
 from study.catalog import REFERENCE_METHOD, algo_of, label_of, methods_of
@@ -537,12 +539,19 @@ def write_report(root: Path) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class ReportArgs:
+    """The command line of ``python -m study.report``."""
+
+    report_dir: Path = option(MISSING, "the --out directory of `python -m study`",
+                              positional=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m study.report",
                                      description="rewrite REPORT_DIR's report from the runs there")
-    parser.add_argument("report_dir", type=Path, metavar="REPORT_DIR",
-                        help="the --out directory of `python -m study`")
-    report_dir = parser.parse_args(argv).report_dir
+    add_dataclass_arguments(parser, ReportArgs)
+    report_dir = dataclass_from_namespace(ReportArgs, parser.parse_args(argv)).report_dir
     try:
         print(write_report(report_dir))
     except FileNotFoundError as exc:

@@ -90,3 +90,94 @@ def test_explicit_dests_are_the_flags_given():
     assert explicit_dests(parser, ["--name", "x", "--quiet", "--in-nodes=5"]) == \
         {"name", "show_progress", "in_nodes"}
     assert explicit_dests(parser, []) == set()
+
+
+@dataclass(frozen=True)
+class Lists:
+    run_dir: Path = option(MISSING, "the run", positional=True)
+    clients: tuple[int, ...] = option((4, 8), "client counts")
+    methods: tuple[str, ...] = option(("ours",), "methods", ("ours", "centralized"))
+    seeds: tuple[int, ...] | None = option(None, "seeds")
+    data_root: str = option("", "raw data; empty: the loader's default")
+
+
+def parse_lists(*argv: str) -> Lists:
+    parser = argparse.ArgumentParser(prog="t")
+    add_dataclass_arguments(parser, Lists)
+    return dataclass_from_namespace(Lists, parser.parse_args(list(argv)))
+
+
+def test_positional_field_is_a_required_argument_named_after_it(capsys):
+    assert parse_lists("runs/a") == Lists(run_dir=Path("runs/a"))
+    with pytest.raises(SystemExit):
+        parse_lists()
+    assert "RUN_DIR" in capsys.readouterr().err
+
+    @dataclass
+    class Defaulted:
+        where: str = option("x", "a positional with a default", positional=True)
+
+    with pytest.raises(TypeError, match="Defaulted.where"):
+        add_dataclass_arguments(argparse.ArgumentParser(), Defaulted)
+
+
+def test_tuple_field_is_one_comma_separated_value_of_typed_items():
+    config = parse_lists("r", "--clients", "2,3, 5,", "--methods", "centralized,ours",
+                         "--seeds", "0,1")
+    assert config.clients == (2, 3, 5) and config.methods == ("centralized", "ours")
+    assert config.seeds == (0, 1)
+    assert parse_lists("r") == Lists(run_dir=Path("r"), clients=(4, 8), methods=("ours",))
+    assert parse_lists("r", "--clients", "").clients == ()
+    parser = argparse.ArgumentParser(prog="t")
+    add_dataclass_arguments(parser, Lists)
+    text = " ".join(parser.format_help().split())
+    assert "(default: 4,8)" in text and "(default: )" not in text  # "": nothing to show
+
+
+def test_tuple_items_are_checked_and_the_error_names_flag_value_and_expected(capsys):
+    with pytest.raises(SystemExit):
+        parse_lists("r", "--clients", "4,x")
+    assert "argument --clients: invalid comma-separated int value: '4,x'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_lists("r", "--methods", "ours,bogus")
+    err = " ".join(capsys.readouterr().err.split())
+    assert "argument --methods: 'ours,bogus' has unknown 'bogus'" in err
+    assert "ours, centralized" in err
+
+
+def test_nargs_plus_takes_several_arguments_and_checks_each_choice(capsys):
+    @dataclass(frozen=True)
+    class Several:
+        algos: tuple[str, ...] = option(MISSING, "algorithms", ("a", "b"), positional=True,
+                                        nargs="+")
+
+    parser = argparse.ArgumentParser(prog="t")
+    add_dataclass_arguments(parser, Several)
+    assert dataclass_from_namespace(Several, parser.parse_args(["a", "b", "a"])) == \
+        Several(algos=("a", "b", "a"))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["a", "c"])
+    assert "invalid choice: 'c'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parser.parse_args([])
+    assert "ALGOS" in capsys.readouterr().err
+
+    @dataclass
+    class NotATuple:
+        name: str = option("x", "one name", nargs="+")
+
+    with pytest.raises(TypeError, match="NotATuple.name"):
+        add_dataclass_arguments(argparse.ArgumentParser(), NotATuple)
+
+
+def test_a_required_switch_must_be_given(capsys):
+    @dataclass(frozen=True)
+    class Switch:
+        shell: bool = option(False, "print shell lines", required=True)
+
+    parser = argparse.ArgumentParser(prog="t")
+    add_dataclass_arguments(parser, Switch)
+    assert dataclass_from_namespace(Switch, parser.parse_args(["--shell"])) == Switch(shell=True)
+    with pytest.raises(SystemExit):
+        parser.parse_args([])
+    assert "--shell" in capsys.readouterr().err
