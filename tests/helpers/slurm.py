@@ -20,9 +20,9 @@ Use from pytest::
 
 or by hand (the daemons outlive the command; ``down`` stops them)::
 
-    python tests/slurm_harness.py up --base /tmp/mpifgl-slurm [--cpus 16]
+    python tests/helpers/slurm.py up --base /tmp/mpifgl-slurm [--cpus 16]
     export SLURM_CONF=/tmp/mpifgl-slurm/slurm.conf
-    python tests/slurm_harness.py down --base /tmp/mpifgl-slurm
+    python tests/helpers/slurm.py down --base /tmp/mpifgl-slurm
 
 Requires root and ``apt-get install -y --no-install-recommends slurmctld slurmd slurm-client
 munge libpmix-dev`` (libpmix-dev before slurmd starts, or ``srun --mpi=pmix`` steps time out).
@@ -49,7 +49,7 @@ ACTIVE_STATES = {"", "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPEND
                  "REQUEUED", "RESIZING", "SIGNALING", "STAGE_OUT"}
 
 SLURM_CONF_TEMPLATE = """\
-# Written by tests/slurm_harness.py: a private single-node cluster, all state under {base}.
+# Written by tests/helpers/slurm.py: a private single-node cluster, all state under {base}.
 ClusterName=mpifgltest
 SlurmctldHost={host}
 SlurmUser=root

@@ -51,15 +51,22 @@ PHASES = [
     ("final", 0, "while writing the final outputs: "),
     ("final", 2, "error on client 1 (rank 2) while writing the final outputs: No space left"),
 ]
+# the same failures in a world of 5 ranks (4 clients), on a rank that a world of 3 lacks
+PHASES_AT_FIVE = [
+    ("setup", 3, "error on client 2 (rank 3) during set-up: out of memory"),
+    ("step", 4, "error on client 3 (rank 4) in epoch 1 of 3: RuntimeError: injected"),
+]
+CASES = [(3, *case) for case in PHASES] + [(5, *case) for case in PHASES_AT_FIVE]
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("phase,rank,expected", PHASES, ids=[f"{p}-rank{r}" for p, r, _ in PHASES])
-def test_failure_on_one_rank_in_any_phase_ends_the_job(toy_shards, tmp_path, phase, rank,
+@pytest.mark.parametrize("ranks,phase,rank,expected", CASES,
+                         ids=[f"n{n}-{p}-rank{r}" for n, p, r, _ in CASES])
+def test_failure_on_one_rank_in_any_phase_ends_the_job(toy_shards, tmp_path, ranks, phase, rank,
                                                         expected):
-    shards = toy_shards(2)
+    shards = toy_shards(ranks - 1)
     started = time.monotonic()
-    done = run_mpi(3, [PROBE, phase, str(rank), "--shards", str(shards), "--out",
+    done = run_mpi(ranks, [PROBE, phase, str(rank), "--shards", str(shards), "--out",
                        str(tmp_path / "run"), *QUICK, "--checkpoint-every", "1"], timeout=100)
     line = ended_with_one_message(done, started, expected)
     if phase in ("manifest", "shard", "rundir"):  # agreed: exit 1, no empty run dir left
@@ -77,11 +84,11 @@ def test_verbose_adds_the_traceback(toy_shards, tmp_path):
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("out", ["/proc/x/run", "afile/run"])
-def test_out_that_cannot_be_created_ends_every_rank(toy_shards, tmp_path, out):
+@pytest.mark.parametrize("ranks,out", [(3, "/proc/x/run"), (3, "afile/run"), (5, "afile/run")])
+def test_out_that_cannot_be_created_ends_every_rank(toy_shards, tmp_path, ranks, out):
     (tmp_path / "afile").write_text("a regular file")
     started = time.monotonic()
-    done = run_mpi(3, [*TRAIN, "--shards", str(toy_shards(2)), "--out", out, *QUICK],
+    done = run_mpi(ranks, [*TRAIN, "--shards", str(toy_shards(ranks - 1)), "--out", out, *QUICK],
                    timeout=100, cwd=tmp_path)
     reason = "No such file or directory" if out.startswith("/proc") else "is a file, not a dir"
     ended_with_one_message(done, started, reason)

@@ -112,9 +112,10 @@ def _corrupt(path: Path) -> None:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("damage", ["missing", "corrupted", "mismatched", "no-manifest"])
-def test_bad_shards_end_every_rank_with_a_clear_message(toy_shards, tmp_path, damage):
-    shards = toy_shards(2)
+@pytest.mark.parametrize("ranks,damage", [(3, "missing"), (5, "missing"), (3, "corrupted"),
+                                          (3, "mismatched"), (3, "no-manifest")])
+def test_bad_shards_end_every_rank_with_a_clear_message(toy_shards, tmp_path, ranks, damage):
+    shards = toy_shards(ranks - 1)
     target = shards / "client_1.h5"
     if damage == "missing":
         target.unlink()
@@ -124,7 +125,8 @@ def test_bad_shards_end_every_rank_with_a_clear_message(toy_shards, tmp_path, da
         expected = "client_1.h5: sha256"
     elif damage == "mismatched":
         # A valid shard of ANOTHER graph, with the manifest's checksum updated to hide it.
-        other = write_shards(random_graph(n=50, seed=3), random_parts(50, 2), tmp_path / "other")
+        other = write_shards(random_graph(n=50, seed=3), random_parts(50, ranks - 1),
+                             tmp_path / "other")
         shutil.copy(other / "client_1.h5", target)
         manifest = json.loads((shards / "manifest.json").read_text())
         manifest["clients"][1]["sha256"] = json.loads(
@@ -134,7 +136,7 @@ def test_bad_shards_end_every_rank_with_a_clear_message(toy_shards, tmp_path, da
     else:
         (shards / "manifest.json").unlink()
         expected = "manifest missing"
-    done = run_mpi(3, [*TRAIN, "--shards", str(shards), "--out", str(tmp_path / "run")],
+    done = run_mpi(ranks, [*TRAIN, "--shards", str(shards), "--out", str(tmp_path / "run")],
                    timeout=90)
     assert done.returncode != 0
     assert expected in done.stderr, done.stderr[-2000:]
@@ -143,11 +145,12 @@ def test_bad_shards_end_every_rank_with_a_clear_message(toy_shards, tmp_path, da
 
 
 @pytest.mark.timeout(120)
-def test_exception_on_one_rank_aborts_the_job(toy_shards, tmp_path):
-    shards = toy_shards(2)
+@pytest.mark.parametrize("ranks", [3, 5])
+def test_exception_on_one_rank_aborts_the_job(toy_shards, tmp_path, ranks):
+    shards = toy_shards(ranks - 1)
     script = str(MPI_SCRIPTS / "raise_on_client.py")
     start = time.monotonic()
-    done = run_mpi(3, [script, "--shards", str(shards), "--out", str(tmp_path / "run"),
+    done = run_mpi(ranks, [script, "--shards", str(shards), "--out", str(tmp_path / "run"),
                        "--epochs", "50"], timeout=90)
     assert done.returncode != 0
     assert "injected failure on client 1" in done.stderr + done.stdout

@@ -4,7 +4,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-
 from fgl_common.shard_format import default_shard_dir
 
 from tests.helpers.mpi import REPO

@@ -2,7 +2,6 @@
 a network access."""
 from __future__ import annotations
 
-
 import pytest
 
 from data_prep.catalog import KNOWN_DATASETS

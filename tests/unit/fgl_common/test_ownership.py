@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import socket
 
-
 from fgl_common.ownership import owner_is_dead
 from tests.helpers import dead_pid
 

@@ -1,6 +1,5 @@
-"""Plain pytest: configuration parsing/validation and the run directory's safety rules."""
+"""mpifgl.config: defaults, validation naming the flag, one flag per field, resume rules."""
 from __future__ import annotations
-
 
 import pytest
 import torch

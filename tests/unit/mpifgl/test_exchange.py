@@ -1,10 +1,9 @@
-"""mpifgl.exchange: chunking, the plan's rows, steps per epoch, and the bytes a run records.
+"""mpifgl.exchange without MPI: chunking, the plan's rows, steps per epoch.
 
 The exchange's numbers (distributed = centralized, chunked = whole) are tested in
-test_exactness.py; here are its pieces without MPI and its byte counts under mpirun.
+tests/mpi/test_exactness.py, the bytes a run records in tests/mpi/test_exchange.py.
 """
 from __future__ import annotations
-
 
 import numpy as np
 import pytest

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import errno
 
-
 from mpifgl.failures import SetupError, describe
 
 

@@ -1,7 +1,6 @@
 """mpifgl.methods: the registry resolves each method's steps per epoch from the graph."""
 from __future__ import annotations
 
-
 from fgl_common.shard_format import load_client_shard, read_manifest, shard_filename
 from mpifgl.graph import ClientGraph
 

@@ -1,9 +1,6 @@
 """The study's one method catalog: every method is a valid mpifgl.train invocation with a label,
-every section's rows come from it, and the study's modules import in one direction."""
+every section's rows come from it (the study's import arrows: tests/unit/test_package_arrows.py)."""
 from __future__ import annotations
-
-import ast
-from pathlib import Path
 
 import pytest
 
@@ -11,7 +8,6 @@ from mpifgl.methods import get_method
 from mpifgl.config import parse_config
 from study.catalog import (METHODS, REFERENCE_METHOD, SECTION_METHODS, SECTIONS, algo_of,
                            label_of, methods_of)
-
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))
@@ -45,15 +41,4 @@ def test_variants_share_their_algorithm():
     assert algo_of("centralized-1gnn") == "centralized"
     assert METHODS["ours-full"].flags == ("--sampling", "none")
     assert METHODS["ours"].distributed and not METHODS["graphsage"].distributed
-
-
-def _imports(path: Path) -> set[str]:
-    modules = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            modules |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            modules.add(node.module)
-    return modules
-
 

@@ -1,7 +1,6 @@
 """mpifgl.methods.bns: the boundary-node sampler keeps inner nodes and scales the boundary."""
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 

@@ -2,7 +2,6 @@
 cross-client edges (the mpirun runs are in tests/mpi/test_methods.py)."""
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 

@@ -2,7 +2,6 @@
 program runs are in tests/e2e/test_train.py)."""
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch
