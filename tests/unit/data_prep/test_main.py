@@ -7,8 +7,7 @@ import pytest
 from data_prep.catalog import KNOWN_DATASETS
 from data_prep.datasets import default_data_root
 
-from tests.helpers import REPO
-from tests.helpers.data_prep_fixtures import SMALL_SYN, copy_raw, run_cli
+from tests.helpers.data_prep_fixtures import SMALL_SYN, run_cli
 
 
 def expect_error(capsys, *argv, contains: list[str]) -> str:
@@ -83,8 +82,9 @@ def test_missing_raw_files_fail_at_once(tmp_path, isolated_cache, capsys, datase
 
 
 def test_corrupted_raw_file_is_reported(tmp_path, isolated_cache, capsys):
-    data_root = copy_raw(tmp_path / "data", "Amazon/Computers/raw")
+    data_root = tmp_path / "data"
     raw = data_root / "Amazon/Computers/raw/amazon_electronics_computers.npz"
+    raw.parent.mkdir(parents=True)
     raw.write_bytes(b"this is not a zip archive")
     expect_error(capsys, "--dataset", "amazon-computers", "--num-clients", 2, "--data-root",
                  data_root, "--out", tmp_path / "o",
@@ -112,10 +112,15 @@ def test_existing_output_needs_force(tmp_path, capsys):
 
 
 def test_default_data_root(monkeypatch, tmp_path):
-    monkeypatch.setenv("MPIFGL_DATA_ROOT", str(tmp_path))
-    assert default_data_root() == tmp_path
+    """MPIFGL_DATA_ROOT, else ../shared/data beside the checkout when it exists, else the cache
+    in the home directory; both branches on a checkout laid out in tmp_path."""
+    from data_prep import datasets
+    monkeypatch.setenv("MPIFGL_DATA_ROOT", str(tmp_path / "env"))
+    assert default_data_root() == tmp_path / "env"
     monkeypatch.delenv("MPIFGL_DATA_ROOT")
-    shared = REPO.parent / "shared" / "data"
-    expected = shared if shared.is_dir() else None
-    if expected is not None:
-        assert default_data_root() == shared
+    checkout = tmp_path / "work" / "repo"
+    monkeypatch.setattr(datasets, "__file__", str(checkout / "data_prep" / "datasets.py"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_data_root() == tmp_path / "home" / ".cache" / "mpifgl" / "data"
+    (tmp_path / "work" / "shared" / "data").mkdir(parents=True)
+    assert default_data_root() == tmp_path / "work" / "shared" / "data"
