@@ -3,7 +3,7 @@ L2 weight decay added to the gradient), without its start-up cost.
 
 Why not torch.optim.Adam: constructing any ``torch.optim.Optimizer`` imports ``torch._dynamo``
 (sympy, the FX tracer, FSDP, ...), seconds of start-up per rank that were most of a short run's
-wall time (docs/training.md). Nothing here needs the compiler. ``tests/test_optim.py`` checks
+wall time (docs/training.md). Nothing here needs the compiler. ``tests/unit/mpifgl/test_optim.py`` checks
 bit-identical parameters against torch.optim.Adam.
 """
 from __future__ import annotations

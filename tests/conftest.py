@@ -1,26 +1,72 @@
-"""Shared fixtures: small graphs written as shards, real datasets copied out of ../shared/data."""
+"""Tiers, the subprocess guard, and the fixtures every tier shares.
+
+Tiers by folder: tests/unit (plain pytest, no subprocess), tests/mpi (real mpirun, marker
+``mpi``), tests/e2e (programs run end to end, marker ``e2e``), tests/slurm (the job scripts and a
+private SLURM, marker ``slurm``). A test outside those folders that starts a subprocess needs one
+of the markers itself; without it, ``subprocess.Popen`` and ``os.system`` raise.
+"""
 from __future__ import annotations
 
+import os
 import shutil
-import sys
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-TESTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TESTS))
-SHARED_DATA = TESTS.parents[1] / "shared" / "data"
+from tests.helpers import require_shared_data
+from tests.helpers.graphs import Graph, random_graph, random_parts, write_shards
 
-from graphs import Graph, random_graph, random_parts, write_shards  # noqa: E402
+TESTS = Path(__file__).resolve().parent
+SUBPROCESS_MARKERS = ("mpi", "e2e", "slurm")
+MARKER_OF_FOLDER = {TESTS / "mpi": "mpi", TESTS / "e2e": "e2e", TESTS / "slurm": "slurm"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config, items):
+    """Mark every test by its folder, then refuse a subprocess test without a hard timeout."""
+    for item in items:
+        path = Path(str(item.path)).resolve()
+        for folder, marker in MARKER_OF_FOLDER.items():
+            if folder in path.parents:
+                item.add_marker(marker)
+    untimed = [item.nodeid for item in items
+               if any(item.get_closest_marker(m) for m in SUBPROCESS_MARKERS)
+               and item.get_closest_marker("timeout") is None]
+    if untimed:
+        raise pytest.UsageError("these mpi/e2e/slurm tests need @pytest.mark.timeout(seconds): "
+                                + ", ".join(untimed))
+
+
+class UnmarkedSubprocess(RuntimeError):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def no_subprocess_in_unmarked_tests(request, monkeypatch):
+    """An unmarked test runs in-process only: starting a program there is an error that names
+    the markers, so the fast tier stays fast and a subprocess test cannot hide in it."""
+    if any(request.node.get_closest_marker(m) for m in SUBPROCESS_MARKERS):
+        return
+
+    def refuse(*args, **kwargs):
+        command = args[0] if args else kwargs.get("args")
+        raise UnmarkedSubprocess(
+            f"{request.node.nodeid} starts a subprocess ({command!r}) but has none of the "
+            f"markers {', '.join(SUBPROCESS_MARKERS)}: mark it (or move it to tests/mpi, "
+            f"tests/e2e or tests/slurm) with a pytest.mark.timeout")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    monkeypatch.setattr(os, "system", refuse)
+    for name in ("posix_spawn", "posix_spawnp"):
+        if hasattr(os, name):
+            monkeypatch.setattr(os, name, refuse)
 
 
 def load_planetoid_copy(name: str, tmp: Path) -> Graph:
     """A Planetoid dataset loaded from a temporary copy (PyG writes processed/ next to raw/)."""
-    source = SHARED_DATA / "Planetoid" / name
-    if not source.is_dir():
-        pytest.skip(f"{source} not present (offline datasets live in ../shared/data)")
-    shutil.copytree(source, tmp / name)
+    shutil.copytree(require_shared_data(f"Planetoid/{name}"), tmp / name)
     from torch_geometric.datasets import Planetoid
     import scipy.sparse as sp
     data = Planetoid(str(tmp), name, split="full")[0]
@@ -36,6 +82,7 @@ def load_planetoid_copy(name: str, tmp: Path) -> Graph:
 
 @pytest.fixture(scope="session")
 def cora_graph(tmp_path_factory) -> Graph:
+    """Cora from ../shared/data (e2e tests only: a missing copy fails them)."""
     return load_planetoid_copy("Cora", tmp_path_factory.mktemp("planetoid"))
 
 
@@ -51,3 +98,11 @@ def toy_shards(tmp_path, toy_graph):
         return write_shards(toy_graph, random_parts(toy_graph.num_nodes, num_clients, seed),
                             tmp_path / f"toy-{num_clients}-{seed}")
     return make
+
+
+@pytest.fixture
+def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """data_prep's cache (MPIFGL_CACHE) inside tmp_path: no test writes to the user's cache."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("MPIFGL_CACHE", str(cache))
+    return cache

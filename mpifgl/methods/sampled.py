@@ -243,7 +243,7 @@ def sparse_input_conv(conv: nn.Module, x: SparseFeatures, adjacency: torch.Tenso
     conv's own parameters: A (X W^T) = (A X) W^T, and X W^T is a sparse product. PyG's convs
     would take X dense, every input row of a batch with a dropout draw per entry
     (docs/training.md); this way the cost follows the non-zeros. Same numbers as the conv on
-    dense X (tests/test_baselines.py). ``adjacency``: sparse [n_dst, n_src], targets = the first
+    dense X (tests/unit/mpifgl/methods/test_sampled.py). ``adjacency``: sparse [n_dst, n_src], targets = the first
     n_dst rows of ``x``."""
     from torch_geometric.nn import GCNConv, GraphConv, SAGEConv
     n_dst = adjacency.shape[0]

@@ -1,0 +1,103 @@
+"""The distributed baselines under mpirun (docs/algorithms.md) on the toy graph: the run
+directory and the exactness claims: bns with p = 1 == ours --sampling none; fedavg with one
+client == centralized full batch; fedavg-nc collects its neighbours and resumes exactly.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers.graphs import random_parts, write_shards
+from tests.helpers.mpi import MPI_SCRIPTS, run_mpi, run_python
+from tests.helpers.runs import TINY, TRAIN, check_run_dir, metrics, run_ok
+PROBE_NC = str(MPI_SCRIPTS / "probe_fedavg_nc.py")
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(500)
+def test_bns_with_p1_equals_ours_full(toy_graph, toy_shards, tmp_path):
+    shard_dir = toy_shards(2)
+    common = ["--shards", str(shard_dir), "--epochs", "4", "--dtype", "float64", *TINY]
+    run_ok(run_mpi(3, TRAIN + common + ["--algo", "bns", "--boundary-p", "1",
+                                       "--out", str(tmp_path / "bns")], timeout=240))
+    run_ok(run_mpi(3, TRAIN + common + ["--algo", "ours", "--sampling", "none",
+                                        "--out", str(tmp_path / "ours")], timeout=240))
+    check_run_dir(tmp_path / "bns", toy_graph.num_nodes, toy_graph.num_classes, 4)
+    assert json.loads((tmp_path / "bns" / "config.json").read_text())["steps_per_epoch"] == 1
+    bns, ours = metrics(tmp_path / "bns"), metrics(tmp_path / "ours")
+    assert np.allclose([r["loss"] for r in bns], [r["loss"] for r in ours], atol=1e-6, rtol=0)
+    assert np.allclose(np.load(tmp_path / "bns" / "logits.npy"),
+                       np.load(tmp_path / "ours" / "logits.npy"), atol=1e-6, rtol=0)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(500)
+def test_fedavg_one_client_equals_centralized(toy_graph, toy_shards, tmp_path):
+    shard_dir = toy_shards(1)
+    common = ["--shards", str(shard_dir), "--epochs", "5", "--dtype", "float64",
+              "--dropout", "0", "--local-epochs", "1", *TINY]
+    run_ok(run_mpi(2, TRAIN + common + ["--algo", "fedavg", "--out", str(tmp_path / "fedavg")],
+                   timeout=240))
+    run_ok(run_python(TRAIN + common + ["--algo", "centralized", "--sampling", "none",
+                                        "--out", str(tmp_path / "central")], timeout=240))
+    weights = check_run_dir(tmp_path / "fedavg", toy_graph.num_nodes, toy_graph.num_classes, 5)
+    reference = torch.load(tmp_path / "central" / "model.pt")
+    fedavg, central = metrics(tmp_path / "fedavg"), metrics(tmp_path / "central")
+    for key in ("loss", "train_micro_f1", "test_micro_f1"):
+        assert np.allclose([r[key] for r in fedavg], [r[key] for r in central], atol=1e-10), key
+    assert weights.keys() == reference.keys()
+    for name in weights:
+        assert torch.allclose(weights[name], reference[name], atol=1e-10, rtol=0), name
+    assert np.allclose(np.load(tmp_path / "fedavg" / "logits.npy"),
+                       np.load(tmp_path / "central" / "logits.npy"), atol=1e-10)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+def test_fedavg_nc_collects_neighbours_with_owners_features(toy_graph, tmp_path):
+    parts = random_parts(toy_graph.num_nodes, 3, seed=0)
+    shard_dir = write_shards(toy_graph, parts, tmp_path / "shards")
+    out = tmp_path / "nc.npz"
+    run_ok(run_mpi(4, [PROBE_NC, str(shard_dir), str(out), "0.2"], timeout=240))
+    results = np.load(out)
+    members = [np.flatnonzero(parts == j) for j in range(3)]
+    client_ordered_to_global = np.concatenate(members)
+    adjacency = toy_graph.adj.toarray()
+    for i in range(3):
+        collected, candidates = results[f"collected_{i}"], results[f"candidates_{i}"]
+        assert collected.shape[0] == round(0.2 * candidates.shape[0]) > 0
+        assert len(set(collected.tolist())) == collected.shape[0]
+        assert set(collected.tolist()) <= set(candidates.tolist())
+        added = client_ordered_to_global[collected]
+        assert np.all(parts[added] != i), "collected one of its own nodes"
+        assert np.array_equal(results[f"added_x_{i}"], toy_graph.x[added])
+        own = members[i]
+        local = results[f"adjacency_{i}"]
+        n_i = own.shape[0]
+        assert np.array_equal(local[:n_i, :n_i], adjacency[np.ix_(own, own)])
+        assert np.array_equal(local[:n_i, n_i:], adjacency[np.ix_(own, added)])
+        assert not local[n_i:, n_i:].any(), "edges among added nodes are unknown to client i"
+        assert np.array_equal(results[f"degree_{i}"], local.sum(axis=1))
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(400)
+def test_fedavg_nc_end_to_end_and_resume(toy_graph, toy_shards, tmp_path):
+    """2 clients, 2 local epochs; a run resumed at epoch 2 continues bit for bit (every client's
+    own Adam state is in the checkpoint)."""
+    shard_dir = toy_shards(2)
+    common = ["--shards", str(shard_dir), "--algo", "fedavg-nc", "--local-epochs", "2", *TINY]
+    run_ok(run_mpi(3, TRAIN + common + ["--epochs", "4", "--out", str(tmp_path / "straight")],
+                   timeout=120))
+    run_ok(run_mpi(3, TRAIN + common + ["--epochs", "2", "--checkpoint-every", "2",
+                                        "--out", str(tmp_path / "resumed")], timeout=120))
+    run_ok(run_mpi(3, TRAIN + ["--resume", str(tmp_path / "resumed"), "--epochs", "4",
+                               "--save-logits"], timeout=120))
+    check_run_dir(tmp_path / "straight", toy_graph.num_nodes, toy_graph.num_classes, 4)
+    straight, resumed = metrics(tmp_path / "straight"), metrics(tmp_path / "resumed")
+    assert [r["loss"] for r in straight] == [r["loss"] for r in resumed]
+    assert np.array_equal(np.load(tmp_path / "straight" / "logits.npy"),
+                          np.load(tmp_path / "resumed" / "logits.npy"))

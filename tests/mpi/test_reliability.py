@@ -1,0 +1,176 @@
+"""Real mpirun runs: every failure after MPI starts ends the whole job with one message, a run
+directory belongs to one run, resume works from anywhere, interrupts say how to continue.
+Every test has a hard timeout far below a hang; "ended within N s" is the only timing asserted."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.mpi import MPI_SCRIPTS, REPO, mpi_env, mpirun_path, rank_pids, run_mpi
+
+TRAIN = ["-m", "mpifgl.train"]
+QUICK = ["--epochs", "3", "--hidden", "16", "--sample-size", "30"]
+PROBE = str(MPI_SCRIPTS / "fail_at_phase.py")
+ENDS_WITHIN = 60  # seconds: a hang would run into the subprocess timeout instead
+
+
+def our_lines(done: subprocess.CompletedProcess) -> list[str]:
+    """Our lines (Open MPI's abort banner may end without a newline, before one of them)."""
+    return [line.strip() for line in (done.stdout + done.stderr).splitlines()
+            if line.strip().startswith("mpifgl.train:")]
+
+
+def ended_with_one_message(done, started: float, expected: str) -> str:
+    assert done.returncode != 0
+    assert time.monotonic() - started < ENDS_WITHIN
+    lines = our_lines(done)
+    assert len(lines) == 1, done.stderr[-3000:]
+    assert expected in lines[0], lines[0]
+    assert "Traceback" not in done.stderr
+    return lines[0]
+
+
+# phase, failing rank, what the one line says
+PHASES = [
+    ("manifest", 2, "client 1 (rank 2): /"),  # agreed set-up finding, reported by rank 0
+    ("shard", 1, "client 0 (rank 1): out of memory"),
+    ("rundir", 0, "Read-only file system"),
+    ("setup", 2, "error on client 1 (rank 2) during set-up: out of memory"),
+    ("config", 0, "error on server (rank 0) during set-up: "),
+    ("step", 1, "error on client 0 (rank 1) in epoch 1 of 3: RuntimeError: injected"),
+    ("evaluate", 2, "error on client 1 (rank 2) in epoch 1 of 3: Input/output error"),
+    ("checkpoint", 0, "checkpoint.pt: No space left on device"),
+    ("checkpoint", 1, "error on client 0 (rank 1) in epoch"),
+    ("final", 0, "while writing the final outputs: "),
+    ("final", 2, "error on client 1 (rank 2) while writing the final outputs: No space left"),
+]
+# the same failures in a world of 5 ranks (4 clients), on a rank that a world of 3 lacks
+PHASES_AT_FIVE = [
+    ("setup", 3, "error on client 2 (rank 3) during set-up: out of memory"),
+    ("step", 4, "error on client 3 (rank 4) in epoch 1 of 3: RuntimeError: injected"),
+]
+CASES = [(3, *case) for case in PHASES] + [(5, *case) for case in PHASES_AT_FIVE]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("ranks,phase,rank,expected", CASES,
+                         ids=[f"n{n}-{p}-rank{r}" for n, p, r, _ in CASES])
+def test_failure_on_one_rank_in_any_phase_ends_the_job(toy_shards, tmp_path, ranks, phase, rank,
+                                                        expected):
+    shards = toy_shards(ranks - 1)
+    started = time.monotonic()
+    done = run_mpi(ranks, [PROBE, phase, str(rank), "--shards", str(shards), "--out",
+                       str(tmp_path / "run"), *QUICK, "--checkpoint-every", "1"], timeout=100)
+    line = ended_with_one_message(done, started, expected)
+    if phase in ("manifest", "shard", "rundir"):  # agreed: exit 1, no empty run dir left
+        assert done.returncode == 1 and not (tmp_path / "run").exists()
+    if phase == "config":
+        assert "config.json: No space left on device" in line
+
+
+@pytest.mark.timeout(120)
+def test_verbose_adds_the_traceback(toy_shards, tmp_path):
+    done = run_mpi(3, [PROBE, "step", "1", "--shards", str(toy_shards(2)), "--out",
+                       str(tmp_path / "run"), *QUICK, "--verbose"], timeout=100)
+    assert done.returncode != 0 and "Traceback" in done.stderr
+    assert "injected failure in a step" in done.stderr
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("ranks,out", [(3, "/proc/x/run"), (3, "afile/run"), (5, "afile/run")])
+def test_out_that_cannot_be_created_ends_every_rank(toy_shards, tmp_path, ranks, out):
+    (tmp_path / "afile").write_text("a regular file")
+    started = time.monotonic()
+    done = run_mpi(ranks, [*TRAIN, "--shards", str(toy_shards(ranks - 1)), "--out", out, *QUICK],
+                   timeout=100, cwd=tmp_path)
+    reason = "No such file or directory" if out.startswith("/proc") else "is a file, not a dir"
+    ended_with_one_message(done, started, reason)
+    assert done.returncode == 1
+
+
+@pytest.mark.timeout(240)
+def test_two_runs_into_one_out_started_together(toy_shards, tmp_path):
+    shards = toy_shards(2)
+    run = tmp_path / "run"
+    command = [mpirun_path(), "-n", "3", sys.executable, *TRAIN, "--shards", str(shards),
+               "--out", str(run), "--epochs", "30", "--hidden", "16"]
+    jobs = [subprocess.Popen(command, env=mpi_env(), cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [job.communicate(timeout=200) for job in jobs]
+    codes = sorted(job.returncode for job in jobs)
+    assert codes == [0, 1], results
+    loser = next(err for job, (_, err) in zip(jobs, results) if job.returncode == 1)
+    assert "in use by another run" in loser or "already holds a run" in loser, loser
+    epochs = [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert epochs == list(range(1, 31))
+    assert not (run / ".lock").exists()
+
+
+@pytest.mark.timeout(300)
+def test_resume_from_another_directory_after_a_killed_run(toy_shards, tmp_path):
+    shards = toy_shards(2)
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir()
+    elsewhere.mkdir()
+    relative = os.path.relpath(shards, work)
+    common = ["--hidden", "16", "--sample-size", "30", "--checkpoint-every", "2", "--seed", "3"]
+    done = run_mpi(3, [*TRAIN, "--shards", relative, "--out", "run", "--epochs", "4", *common],
+                   timeout=150, cwd=work)
+    assert done.returncode == 0, done.stderr[-2000:]
+    saved = json.loads((work / "run" / "config.json").read_text())
+    assert saved["shards"] == str(shards.resolve()) and saved["dataset"] == "toy"
+    # A lock left by a killed run (dead pid on this host) does not block the resume.
+    (work / "run" / ".lock").write_text(json.dumps({"host": os.uname().nodename, "pid": 2 ** 22 + 7}))
+    done = run_mpi(3, [*TRAIN, "--resume", str(work / "run"), "--epochs", "6", "--shards",
+                       str(shards)], timeout=150, cwd=elsewhere)
+    assert done.returncode == 0, done.stderr[-2000:]
+    epochs = [json.loads(line)["epoch"]
+              for line in (work / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert epochs == [1, 2, 3, 4, 5, 6]
+
+
+def _wait_for_metrics(process: subprocess.Popen, run: Path, epochs: int = 2) -> None:
+    deadline = time.monotonic() + 90
+    while not ((run / "metrics.jsonl").exists()
+               and len((run / "metrics.jsonl").read_text().splitlines()) >= epochs):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "training did not start"
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("who", ["every rank", "one client"])
+def test_sigint_ends_training_with_how_to_resume(toy_shards, tmp_path, who):
+    """SIGINT delivered to the ranks (as srun does, or a kill of one rank): one line that
+    names --resume, exit status 130, the checkpoint kept."""
+    run = tmp_path / "run"
+    process = subprocess.Popen(
+        [mpirun_path(), "-n", "3", sys.executable, *TRAIN, "--shards", str(toy_shards(2)),
+         "--out", str(run), "--epochs", "100000", "--hidden", "16", "--checkpoint-every", "1"],
+        env=mpi_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_metrics(process, run)
+        pids = rank_pids(str(run))
+        assert sorted(pids) == [0, 1, 2], pids
+        for rank in ([0, 1, 2] if who == "every rank" else [2]):
+            os.kill(pids[rank], signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130
+    lines = [line.strip() for line in stderr.splitlines()
+             if line.strip().startswith("mpifgl.train:")]
+    assert len(lines) == 1, stderr
+    assert "interrupted by SIGINT" in lines[0] and f"--resume {run}" in lines[0]
+    assert (run / "checkpoint.pt").is_file()
+
+

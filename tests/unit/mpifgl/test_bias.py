@@ -1,0 +1,109 @@
+"""Local-bias math on hand-made logits, run-directory reading and the CLI's error messages."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fgl_common.shard_format import ClientShard, write_client_shard
+from mpifgl.bias import (BiasError, local_bias, main, mean_distance, node_distances,
+                         per_client_distance)
+
+
+
+def test_mean_distance_hand_computed():
+    run = np.array([[0.0, 0.0], [3.0, 4.0], [1.0, 1.0]])
+    ref = np.array([[0.0, 0.0], [0.0, 0.0], [1.0, 2.0]])
+    # distances 0, 5, 1 -> mean 2
+    assert node_distances(run, ref).tolist() == [0.0, 5.0, 1.0]
+    assert mean_distance(run, ref) == pytest.approx(2.0)
+    assert mean_distance(ref, ref) == 0.0
+
+
+def test_per_client_distance_uses_global_ids():
+    run = np.array([[0.0, 0.0], [3.0, 4.0], [1.0, 1.0], [2.0, 0.0]])
+    ref = np.zeros((4, 2))
+    # distances 0, 5, sqrt2, 2; client 0 = {1, 3}, client 1 = {0, 2}
+    values = per_client_distance(run, ref, [np.array([1, 3]), np.array([2, 0])])
+    assert values == pytest.approx([3.5, np.sqrt(2) / 2])
+
+
+def test_shape_mismatch_is_a_bias_error():
+    with pytest.raises(BiasError, match="shape"):
+        mean_distance(np.zeros((3, 2)), np.zeros((3, 4)))
+    with pytest.raises(BiasError, match="global id 7"):
+        per_client_distance(np.zeros((3, 2)), np.zeros((3, 2)), [np.array([7])])
+
+
+def _shard_dir(path: Path, clients: list[list[int]], dataset: str = "toy") -> Path:
+    """A minimal shard directory: manifest + client_i.h5 with the given global ids."""
+    path.mkdir(parents=True)
+    n = sum(len(c) for c in clients)
+    entries = []
+    for i, ids in enumerate(clients):
+        k = len(ids)
+        shard = ClientShard(i, np.asarray(ids, dtype=np.int64), np.zeros((k, 1), np.float32),
+                            np.zeros(k, np.int64), np.ones(k, bool), np.zeros(k, bool),
+                            np.zeros(k, bool), np.zeros(k, np.int64),
+                            attrs={"format_version": 1, "dataset": dataset,
+                                   "num_clients": len(clients), "client_id": i,
+                                   "partition": "random", "seed": 0})
+        write_client_shard(path / f"client_{i}.h5", shard)
+        entries.append({"client_id": i, "file": f"client_{i}.h5", "num_nodes": k,
+                        "sha256": "x"})
+    (path / "manifest.json").write_text(json.dumps(
+        {"format_version": 1, "dataset": dataset, "partition": "random", "seed": 0,
+         "num_clients": len(clients), "num_nodes": n, "num_features": 1, "num_classes": 2,
+         "clients": entries}))
+    return path
+
+
+def _run_dir(path: Path, logits: np.ndarray | None, shards: Path, dataset: str = "toy",
+             seed: int = 0, algo: str = "ours") -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"shards": str(shards), "seed": seed,
+                                                  "algo": algo}))
+    (path / "final.json").write_text(json.dumps({"dataset": dataset, "test_micro_f1": 0.5}))
+    if logits is not None:
+        np.save(path / "logits.npy", logits)
+    return path
+
+
+def test_local_bias_report_per_client_and_noise(tmp_path):
+    shards = _shard_dir(tmp_path / "shards", [[0, 2], [1, 3]])
+    ref = np.zeros((4, 2))
+    run = _run_dir(tmp_path / "run", np.array([[3.0, 4], [0, 1], [0, 0], [0, 0]]), shards)
+    central = _run_dir(tmp_path / "c0", ref, shards, algo="centralized")
+    noise = _run_dir(tmp_path / "c1", np.full((4, 2), 0.5), shards, seed=1, algo="centralized")
+    report = local_bias(run, central, noise)
+    assert report.local_bias == pytest.approx(1.5)  # (5 + 1) / 4
+    assert report.per_client == pytest.approx([2.5, 0.5])
+    assert report.client_sizes == [2, 2]
+    assert report.noise_floor == pytest.approx(np.sqrt(0.5))
+    out = tmp_path / "bias.json"
+    assert main([str(run), "--reference", str(central), "--noise-reference", str(noise),
+                 "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["local_bias"] == pytest.approx(1.5)
+
+
+def test_cli_errors_are_one_line_without_traceback(tmp_path, capsys):
+    shards = _shard_dir(tmp_path / "shards", [[0, 1]])
+    no_logits = _run_dir(tmp_path / "nologits", None, shards)
+    central = _run_dir(tmp_path / "central", np.zeros((2, 2)), shards)
+    other = _run_dir(tmp_path / "other", np.zeros((2, 2)), shards, dataset="cora")
+    wide = _run_dir(tmp_path / "wide", np.zeros((2, 3)), shards)
+
+    assert main([str(no_logits), "--reference", str(central)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("mpifgl.bias: error: ") and err.count("\n") == 1
+    assert "re-run the training with --save-logits" in err
+    with pytest.raises(BiasError, match="'cora'.*'toy'"):
+        local_bias(other, central)
+    with pytest.raises(BiasError, match=r"shape \(2, 3\)"):
+        local_bias(wide, central)
+    with pytest.raises(BiasError, match="does not exist"):
+        local_bias(tmp_path / "nowhere", central)
+
+

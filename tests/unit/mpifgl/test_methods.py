@@ -1,0 +1,33 @@
+"""mpifgl.methods: the registry resolves each method's steps per epoch from the graph."""
+from __future__ import annotations
+
+from fgl_common.shard_format import load_client_shard, read_manifest, shard_filename
+from mpifgl.graph import ClientGraph
+
+
+def test_steps_per_epoch_zero_is_one_pass_for_ours_and_one_step_for_the_rest(toy_shards):
+    """--steps-per-epoch 0 (the default): ours draws s = n/4 per step and takes ceil(n / s) = 4
+    steps; an explicit value or another s changes it; without node sampling and for every
+    baseline it is 1. The resolved values are what config.json records (trainer.config)."""
+    from mpifgl.communicator import LocalComm
+    from mpifgl.config import TrainConfig
+    from mpifgl.methods import build_trainer
+    shard_dir = toy_shards(2)
+    manifest = read_manifest(shard_dir)
+    merged = ClientGraph.merged([load_client_shard(shard_dir / shard_filename(i))
+                                 for i in range(2)])
+    n = merged.num_nodes
+
+    def resolved(**flags) -> TrainConfig:
+        config = TrainConfig(hidden=8, batch_size=6, **flags)
+        return build_trainer(config, LocalComm(), merged, manifest.num_classes).config
+
+    ours = resolved(algo="centralized", sampling="label")
+    assert (ours.sample_size, ours.steps_per_epoch) == (round(n / 4), 4)
+    assert resolved(algo="centralized", sampling="uniform", sample_size=n // 2 + 1) \
+        .steps_per_epoch == 2
+    assert resolved(algo="centralized", sampling="label", steps_per_epoch=3).steps_per_epoch == 3
+    full = resolved(algo="centralized", sampling="none")
+    assert (full.sample_size, full.steps_per_epoch) == (0, 1)
+    for algo in ("graphsage", "graphsaint"):
+        assert resolved(algo=algo).steps_per_epoch == 1, algo

@@ -1,0 +1,111 @@
+"""mpifgl.model: shapes, GCN and 1-GNN against dense references, the in-place evaluation
+forward against the autograd one, dropout's stream, and the flat gradient buffer."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mpifgl.graph import ClientGraph, build_operator
+from mpifgl.model import GNN, flat_grads, set_flat_grads
+from tests.helpers.graphs import random_graph, random_parts, write_shards
+from fgl_common.shard_format import load_client_shard, shard_filename
+
+
+@pytest.fixture
+def merged(tmp_path) -> ClientGraph:
+    graph = random_graph(n=30, avg_degree=4, d=5, classes=3, seed=2, isolated=2)
+    shard_dir = write_shards(graph, random_parts(30, 2, seed=1), tmp_path / "shards")
+    return ClientGraph.merged([load_client_shard(shard_dir / shard_filename(i))
+                               for i in range(2)])
+
+
+def full_operator(graph: ClientGraph, backbone: str):
+    return build_operator(graph, backbone, None, None, torch.float64, exchanged=False)
+
+
+@pytest.mark.parametrize("backbone", ["gcn", "1gnn"])
+@pytest.mark.parametrize("layers", [1, 2, 3])
+def test_forward_gives_one_row_of_logits_per_node(merged, backbone, layers):
+    model = GNN(backbone, 5, 8, 3, layers, 0.0, seed=0, dtype=torch.float64)
+    assert model.widths == [5] + [8] * (layers - 1) + [3]
+    out = model(torch.from_numpy(merged.x).double(), full_operator(merged, backbone), None)
+    assert out.shape == (30, 3) and out.dtype == torch.float64
+
+
+def test_gcn_equals_the_dense_formula(merged):
+    """Two layers: A^ relu(A^ X W1^T + b1) W2^T + b2, A^ = D~^-1/2 (A + I) D~^-1/2."""
+    model = GNN("gcn", 5, 8, 3, 2, 0.0, seed=4, dtype=torch.float64)
+    adj = merged.inner.toarray().astype(np.float64)
+    d = 1.0 / np.sqrt(adj.sum(axis=1) + 1.0)
+    a_hat = torch.from_numpy(d[:, None] * (adj + np.eye(30)) * d[None, :])
+    x = torch.from_numpy(merged.x).double()
+    first, second = model.layers
+    hidden = torch.relu(a_hat @ x @ first.lin.weight.T + first.bias)
+    expected = a_hat @ hidden @ second.lin.weight.T + second.bias
+    got = model(x, full_operator(merged, "gcn"), None)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_one_gnn_equals_the_dense_formula(merged):
+    """One layer: X W_root^T + A X W_rel^T + b (PyG GraphConv with sum aggregation)."""
+    model = GNN("1gnn", 5, 8, 3, 1, 0.0, seed=4, dtype=torch.float64)
+    adj = torch.from_numpy(merged.inner.toarray().astype(np.float64))
+    x = torch.from_numpy(merged.x).double()
+    layer = model.layers[0]
+    expected = x @ layer.lin_root.weight.T + adj @ x @ layer.lin_rel.weight.T + layer.lin_rel.bias
+    torch.testing.assert_close(model(x, full_operator(merged, "1gnn"), None), expected,
+                               rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("backbone", ["gcn", "1gnn"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_in_place_evaluation_forward_equals_the_autograd_forward(merged, backbone, dtype):
+    """Evaluation runs in place under no_grad with the same operations in the same order: the
+    logits are equal bit for bit, not just close."""
+    model = GNN(backbone, 5, 8, 3, 3, 0.0, seed=1, dtype=dtype)
+    op = build_operator(merged, backbone, None, None, dtype, exchanged=False)
+    x = torch.from_numpy(merged.x).to(dtype)
+    with_graph = model(x, op, None)
+    assert with_graph.requires_grad
+    with torch.no_grad():
+        in_place = model(x, op, None)
+    assert torch.equal(in_place, with_graph.detach())
+
+
+def test_same_seed_same_weights_and_an_unknown_backbone_is_named():
+    first, second = (GNN("gcn", 4, 6, 2, 2, 0.5, seed=9) for _ in range(2))
+    assert all(torch.equal(a, b) for a, b in zip(first.parameters(), second.parameters()))
+    with pytest.raises(ValueError, match="backbone 'gat', expected one of gcn, 1gnn"):
+        GNN("gat", 4, 6, 2, 2, 0.5, seed=9)
+
+
+def test_flat_gradients_round_trip_with_zeros_for_missing_ones():
+    model = GNN("1gnn", 4, 6, 2, 2, 0.0, seed=0, dtype=torch.float64)
+    sizes = [p.numel() for p in model.parameters()]
+    assert flat_grads(model).tolist() == [0.0] * sum(sizes)  # no backward yet
+    flat = np.arange(sum(sizes), dtype=np.float64)
+    set_flat_grads(model, flat)
+    np.testing.assert_array_equal(flat_grads(model), flat)
+    assert model.layers[0].lin_rel.weight.grad.shape == model.layers[0].lin_rel.weight.shape
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_dropout_keeps_one_minus_p_scaled_and_is_reproducible(dtype):
+    from mpifgl.model import dropout
+    p = 0.3
+    z = torch.rand(200, 300, dtype=dtype) + 0.5
+    z.requires_grad_(True)
+    out = dropout(z, p, np.random.default_rng(7))
+    again = dropout(z.detach(), p, np.random.default_rng(7))
+    assert torch.equal(out.detach(), again)
+    # the mask is the numpy stream's uniform draws >= p (documented stream, checkpointed state)
+    keep = torch.from_numpy(np.random.default_rng(7).random((200, 300), dtype=np.float32) >= p)
+    assert torch.equal(out.detach() != 0, keep)
+    torch.testing.assert_close(out.detach()[keep], z.detach()[keep] / (1 - p),
+                               rtol=4 * torch.finfo(dtype).eps, atol=0)
+    assert abs(keep.double().mean().item() - (1 - p)) < 0.01  # 60,000 draws: 5 sigma is 0.009
+    out.sum().backward()
+    torch.testing.assert_close(z.grad, keep.to(dtype) / (1 - p), rtol=4 * torch.finfo(dtype).eps,
+                               atol=0)
+    assert dropout(z, 0.0, np.random.default_rng(7)) is z

@@ -1,0 +1,151 @@
+"""mpifgl.runlog: the run directory belongs to one run (locks, stale owners), durable writes,
+one file mode, default names, metrics truncated on resume."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+from fgl_common.ownership import owner_is_dead
+from mpifgl.runlog import (LOCK_NAME, RunDirError, RunDirectory, atomic_write, claim_run_dir,
+                           default_run_dir)
+from tests.helpers import dead_pid
+
+
+def write_lock(run: Path, **owner) -> None:
+    run.mkdir(parents=True, exist_ok=True)
+    (run / LOCK_NAME).write_text(json.dumps({"host": socket.gethostname(), "pid": dead_pid(),
+                                             "started": "earlier", **owner}))
+
+
+# -- the run directory --------------------------------------------------------------------------
+def test_unusable_out_is_refused_with_the_os_reason(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(RunDirError, match=r"afile is a file, not a directory"):
+        claim_run_dir(tmp_path / "afile" / "run", False, False)
+    with pytest.raises(RunDirError, match=r"--out /proc/x: cannot create the run directory"):
+        claim_run_dir("/proc/x", False, False)  # os.access says yes here, even for root
+    with pytest.raises(RunDirError, match="no checkpoint.pt"):
+        claim_run_dir(tmp_path / "new", False, resume=True)
+
+
+def test_a_run_directory_belongs_to_one_run(tmp_path):
+    run = claim_run_dir(tmp_path / "run", False, False)
+    with pytest.raises(RunDirError, match=f"in use by another run \\(pid {os.getpid()}"):
+        claim_run_dir(tmp_path / "run", False, False)
+    with pytest.raises(RunDirError, match="in use by another run"):
+        claim_run_dir(tmp_path / "run", True, False)  # --force does not take a live run's dir
+    run.write_json("final.json", {})
+    run.release()
+    assert not (tmp_path / "run" / LOCK_NAME).exists()
+    with pytest.raises(RunDirError, match="already holds a run"):
+        claim_run_dir(tmp_path / "run", False, False)
+    claim_run_dir(tmp_path / "run", True, False).release()
+
+
+def test_stale_lock_of_a_killed_run_is_taken_over_by_resume_and_force(tmp_path):
+    run = tmp_path / "run"
+    write_lock(run)
+    (run / "checkpoint.pt").write_bytes(b"x")
+    claim_run_dir(run, False, resume=True).release()
+    write_lock(run)
+    claimed = claim_run_dir(run, True, False)
+    assert json.loads((run / LOCK_NAME).read_text())["pid"] == os.getpid()
+    claimed.release()
+
+
+def test_lock_from_another_host_is_never_broken(tmp_path):
+    run = tmp_path / "run"
+    write_lock(run, host="node-that-is-not-here", pid=1234)
+    with pytest.raises(RunDirError, match="on host node-that-is-not-here.*remove .*/run/.lock"):
+        claim_run_dir(run, True, False)
+    assert not owner_is_dead("node-that-is-not-here", 1234)
+
+
+def test_default_run_dirs_do_not_collide(tmp_path, monkeypatch):
+    names = {default_run_dir("cora", "ours") for _ in range(50)}
+    assert len(names) == 50
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    assert default_run_dir("cora", "ours").name.endswith("-j77_3")
+    taken = tmp_path / "runs" / "same"
+    taken.mkdir(parents=True)
+    with pytest.raises(RunDirError, match="cannot create the run directory"):
+        claim_run_dir(taken, False, False, exclusive=True)
+
+
+# -- durable writes -----------------------------------------------------------------------------
+@pytest.mark.parametrize("failing", ["fsync", "replace"])
+def test_failed_write_never_replaces_a_good_file(tmp_path, monkeypatch, failing):
+    run = RunDirectory(tmp_path)
+    run.save_torch("checkpoint.pt", {"epoch": 1})
+
+    def broken(*args):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, failing, broken)
+    with pytest.raises(OSError):
+        run.save_torch("checkpoint.pt", {"epoch": 2})
+    monkeypatch.undo()
+    assert torch.load(tmp_path / "checkpoint.pt") == {"epoch": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
+
+
+def test_run_files_share_one_mode(tmp_path):
+    run = RunDirectory(tmp_path)
+    run.append_metrics({"epoch": 1})
+    run.write_json("final.json", {})
+    run.save_torch("model.pt", {})
+    modes = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()}
+    assert len(set(modes.values())) == 1, modes
+
+
+# -- messages, config, resume -------------------------------------------------------------------
+
+
+# -- the default shard directory and data_prep ----------------------------------------------------
+
+
+# -- README -------------------------------------------------------------------------------------
+
+
+def test_atomic_write_keeps_the_previous_file_on_failure(tmp_path):
+    run = RunDirectory(tmp_path)
+    run.save_torch("checkpoint.pt", {"epoch": 1})
+
+    def crash(tmp):
+        with open(tmp, "wb") as handle:
+            handle.write(b"half a checkpoint")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(tmp_path / "checkpoint.pt", crash)
+    assert torch.load(tmp_path / "checkpoint.pt") == {"epoch": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]  # no temp left
+
+
+def test_run_dir_rules(tmp_path):
+    claim_run_dir(tmp_path / "new", force=False, resume=False).release()
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "final.json").write_text("{}")
+    with pytest.raises(RunDirError, match="already holds a run"):
+        claim_run_dir(tmp_path / "old", False, False)
+    claim_run_dir(tmp_path / "old", True, False).release()
+    with pytest.raises(RunDirError, match="no checkpoint.pt"):
+        claim_run_dir(tmp_path / "old", False, True)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RunDirError, match="is a file, not a directory"):
+        claim_run_dir(tmp_path / "file", False, False)
+
+
+def test_metrics_truncated_to_checkpoint_epoch(tmp_path):
+    run = RunDirectory(tmp_path)
+    for epoch in range(1, 6):
+        run.append_metrics({"epoch": epoch, "loss": 1.0 / epoch})
+    run.reset_metrics(keep_through_epoch=3)
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 3
