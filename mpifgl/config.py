@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from mpifgl.secure import check_secure_config
+
 ALGOS = ("ours", "centralized", "graphsage", "graphsaint", "fedavg", "fedavg-nc", "bns")
 BACKBONES = ("gcn", "1gnn")
 SAMPLINGS = ("label", "uniform", "none")
@@ -64,6 +66,11 @@ class TrainConfig:
     exchange_buffer_mb: float = _opt(64.0, "most MB of exchange buffers a rank holds at once: "
                                             "larger exchanges run in chunks of rows (a chunk "
                                             "holds at least one row)")
+    secure: bool = _opt(False, "mask every value the server or a relaying rank handles: "
+                               "cross-client terms, weight gradients, loss and counts travel "
+                               "as fixed-point words plus pairwise keystreams (X25519 + AES-CTR, "
+                               "fresh keys per run, never written); --exchange compact and "
+                               "--algo ours or bns only. See docs/privacy.md")
     steps_per_epoch: int = _opt(0, "optimizer steps per epoch, each on a fresh sample of "
                                    "--sample-size draws (the paper's step length); 0: one pass "
                                    "over the nodes per epoch, ceil(n / s - 1e-6) steps (4 at the "
@@ -115,6 +122,7 @@ class TrainConfig:
              "one epoch; its final.json would otherwise report an untrained model)")
         need(self.exchange_buffer_mb > 0, "exchange-buffer-mb", self.exchange_buffer_mb,
              "a positive number of MB")
+        check_secure_config(self.secure, self.algo, self.exchange)
         need(self.sample_size >= 0, "sample-size", self.sample_size, "an integer >= 0")
         need(self.steps_per_epoch >= 0, "steps-per-epoch", self.steps_per_epoch,
              "an integer >= 1, or 0 for one pass over the nodes per epoch")

@@ -29,6 +29,9 @@ which alone knows how many senders touch each row. A chunk holds at least one ro
 
 The operator is self-adjoint over all clients (DESIGN.md section 1), so the backward pass is the
 same exchange applied to the gradient, with the same plan and chunks.
+
+``--secure`` (compact only): the terms travel as masked fixed-point words in Z_2^k, summed in
+the ring by the server; each owner removes the masks (mpifgl.secure, docs/privacy.md).
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ import numpy as np
 import torch
 
 from mpifgl.graph import CrossExchangePlan, CSRArrays
+from mpifgl.secure import ExchangeMasks, SecureSession, ring_of
 
 MODES = ("compact", "compact-reduce", "reduce", "star")
 COMPACT_MODES = ("compact", "compact-reduce")
@@ -62,6 +66,7 @@ class ExchangeComm(Protocol):
     def reduce_sum(self, buffer: np.ndarray) -> np.ndarray | None: ...
     def gather_equal(self, send: np.ndarray) -> np.ndarray | None: ...
     def broadcast_array(self, values: np.ndarray | None) -> np.ndarray: ...
+    def max_to_all(self, values: np.ndarray) -> np.ndarray: ...
 
 
 @dataclass
@@ -81,6 +86,7 @@ class Routing:
     # [chunk sum rows, gathered rows] that adds the gathered rows up in client order
     sender_bounds: np.ndarray | None = None  # int64 [m, k+1]
     sum_matrices: list[CSRArrays] | None = None
+    masks: ExchangeMasks | None = None  # --secure, a client's side
 
     @property
     def num_chunks(self) -> int:
@@ -111,12 +117,17 @@ class CrossClientExchange:
     (collective; the server passes y of shape [0, d])."""
 
     def __init__(self, comm: ExchangeComm, mode: str, buffer_bytes: int, max_width: int,
-                 dtype: np.dtype):
+                 dtype: np.dtype, masking: SecureSession | None = None):
         if mode not in MODES:
             raise ValueError(f"--exchange {mode!r}, expected one of {', '.join(MODES)}")
+        if masking is not None and mode != "compact":
+            raise ValueError(f"--secure with --exchange {mode!r}: expected --exchange compact")
         self.comm = comm
         self.mode = mode
         self.dtype = np.dtype(dtype)
+        self.masking = masking
+        # what travels and what the server adds: ring words when masked, else the floats
+        self.wire_dtype = ring_of(self.dtype) if masking is not None else self.dtype
         # rows of the widest exchange that fit the buffer cap
         self.row_budget = max(1, int(buffer_bytes) // (max(1, max_width) * self.dtype.itemsize))
         self.id_budget = max(1, int(buffer_bytes) // (8 * comm.size))  # ids per rank per round
@@ -130,6 +141,8 @@ class CrossClientExchange:
                 plan.routing = self._prepare_compact(plan)
             else:
                 plan.routing = self._prepare_dense(plan)
+        if self.masking is not None and not self.comm.is_server:
+            plan.routing.masks = self.masking.exchange_masks(plan)
 
     def _prepare_dense(self, plan: CrossExchangePlan) -> Routing:
         total = int(plan.segment_rows.sum())
@@ -218,7 +231,7 @@ class CrossClientExchange:
         matrices = []
         total = max([int(np.diff(sender_bounds[:, c:c + 2]).sum())
                      for c in range(row_bounds.shape[0] - 1)], default=0)
-        ones = np.ones(total, dtype=self.dtype)
+        ones = np.ones(total, dtype=self.wire_dtype)
         for c in range(row_bounds.shape[0] - 1):
             low, rows = int(row_bounds[c]), int(row_bounds[c + 1] - row_bounds[c])
             target = np.concatenate([r[sender_bounds[j, c]:sender_bounds[j, c + 1]]
@@ -271,10 +284,29 @@ class CrossClientExchange:
         # compact modes: an owner's sum rows are its receive rows; dense: all its rows
         receive_rows = plan.receive_rows if self.mode in COMPACT_MODES else None
         with self.comm.counting_exchange():
+            secure, first_rows = self._agree_masking(plan, routing, values)
             for c in range(routing.num_chunks):
-                summed = self._sum_chunk(plan, routing, c, values)
+                summed = self._sum_chunk(plan, routing, c, values, secure,
+                                         first_rows if c == 0 else None)
                 self._scatter_chunk(routing, c, summed, result, receive_rows, plan.own_segment,
-                                    width, add)
+                                    width, add, secure)
+
+    def _agree_masking(self, plan: CrossExchangePlan, routing: Routing, values: np.ndarray
+                       ) -> tuple[tuple[int, int] | None, np.ndarray | None]:
+        """--secure: this exchange's (counter, scale exponent), agreed from every rank's largest
+        |term| (collective), and chunk 0's send rows when they are all of them (kept, not
+        recomputed). (None, None) without masking."""
+        if self.masking is None:
+            return None, None
+        counter = self.masking.next_counter()
+        first_rows, largest = None, 0.0
+        for c in range(routing.num_chunks):
+            rows = self._send_rows(plan, routing, c, values)
+            largest = max(largest, float(np.max(np.abs(rows))) if rows.size else 0.0)
+            if routing.num_chunks == 1:
+                first_rows = rows
+        exponent = self.masking.agree_exponent(self.comm, largest, self.wire_dtype)
+        return (counter, exponent), first_rows
 
     def _send_rows(self, plan: CrossExchangePlan, routing: Routing, c: int,
                    values: np.ndarray) -> np.ndarray:
@@ -286,11 +318,17 @@ class CrossClientExchange:
         return plan.send_rows.row_slice(int(low), int(high)).matmul(values)
 
     def _sum_chunk(self, plan: CrossExchangePlan, routing: Routing, c: int,
-                   values: np.ndarray) -> np.ndarray | None:
-        """The sums of chunk c's rows [rows, d] at the server, None elsewhere."""
+                   values: np.ndarray, secure: tuple[int, int] | None = None,
+                   rows: np.ndarray | None = None) -> np.ndarray | None:
+        """The sums of chunk c's rows [rows, d] at the server, None elsewhere (--secure: masked
+        ring words, summed in the ring)."""
         comm, width = self.comm, values.shape[1]
         low, high = int(routing.row_bounds[c]), int(routing.row_bounds[c + 1])
-        rows = self._send_rows(plan, routing, c, values)
+        if rows is None:
+            rows = self._send_rows(plan, routing, c, values)
+        if secure is not None:
+            rows = self.masking.mask_rows(routing.masks, secure[0], int(routing.send_bounds[c]),
+                                          rows, secure[1], self.wire_dtype)
         if self.mode == "compact":
             counts = None
             if comm.is_server:
@@ -311,7 +349,7 @@ class CrossClientExchange:
 
     def _scatter_chunk(self, routing: Routing, c: int, summed: np.ndarray | None,
                        result: np.ndarray, receive_rows: np.ndarray | None, own: int,
-                       width: int, add: bool) -> None:
+                       width: int, add: bool, secure: tuple[int, int] | None = None) -> None:
         """Send each owner its rows of chunk c; this client writes (or adds) its rows into
         ``result``."""
         low, high = int(routing.row_bounds[c]), int(routing.row_bounds[c + 1])
@@ -319,9 +357,13 @@ class CrossClientExchange:
         counts = np.concatenate([[0], per_owner]) * width
         mine = int(per_owner[own]) if own >= 0 else 0
         received = self.comm.scatterv(summed, counts if self.comm.is_server else None,
-                                      mine * width, self.dtype)
+                                      mine * width, self.wire_dtype)
         if mine:
             first = max(low, int(routing.owner_start[own])) - int(routing.owner_start[own])
+            if secure is not None:
+                received = self.masking.unmask_rows(routing.masks, secure[0], first,
+                                                    received.reshape(mine, width), secure[1],
+                                                    self.dtype)
             rows = (slice(first, first + mine) if receive_rows is None
                     else receive_rows[first:first + mine])
             if add:

@@ -27,6 +27,7 @@ from mpifgl.graph import ClientGraph, CrossExchangePlan, LayerOperator, build_op
 from mpifgl.model import GNN, flat_grads, make_features, select_rows, set_flat_grads
 from mpifgl.optim import Adam
 from mpifgl.runlog import CHECKPOINT_NAME, RunDirectory
+from mpifgl.secure import SecureSession
 from mpifgl.sampling import (NodeSample, NodeSampler, client_sample_sizes, group_counts, make_distribution,
                              node_groups, steps_for_sample)
 
@@ -121,9 +122,13 @@ class Trainer:
         seeds = np.random.SeedSequence([config.seed, comm.rank]).generate_state(2)
         self.sample_rng = np.random.default_rng(int(seeds[0]))
         self.dropout_rng = np.random.default_rng(int(seeds[1]))
+        # --secure: keys agreed once per run (collective), held in memory only
+        self.secure = (SecureSession.agree(comm) if config.secure and self.distributed
+                       else None)
         self.exchange = (CrossClientExchange(comm, config.exchange,
                                              int(config.exchange_buffer_mb * 2 ** 20),
-                                             max(self.model.widths[1:]), self.numpy_dtype)
+                                             max(self.model.widths[1:]), self.numpy_dtype,
+                                             self.secure)
                          if self.distributed else None)
         self.state = TrainerState()
         self._setup_counts_and_sampler()
@@ -139,7 +144,8 @@ class Trainer:
         groups = node_groups(self.graph.y, self.graph.train_mask, c)
         local = np.concatenate([group_counts(groups, c),
                                 [int(self.masks[s].sum()) for s in SPLITS]]).astype(np.int64)
-        totals = self.comm.sum_to_all(local)
+        totals = (self.secure.sum_to_all(self.comm, local) if self.secure is not None
+                  else self.comm.sum_to_all(local))
         self.global_group_counts = totals[:c + 1]
         self.global_split_counts = dict(zip(SPLITS, (int(v) for v in totals[c + 1:])))
         self.sampler: NodeSampler | None = None
@@ -232,7 +238,12 @@ class Trainer:
     def _sum_gradients_and_loss(self, grads: np.ndarray, loss: float) -> float:
         """Phase 'gradient sum': one message of all gradients + the loss, summed over ranks; the
         sums go into every parameter's .grad and the summed loss is returned."""
-        summed = self.comm.sum_to_all(np.append(grads, np.asarray(loss, dtype=grads.dtype)))
+        vector = np.append(grads, np.asarray(loss, dtype=grads.dtype))
+        if self.secure is not None:  # zero-sum masks: the server learns only the totals
+            segments = [p.numel() for p in self.model.parameters()] + [1]
+            summed = self.secure.sum_to_all(self.comm, vector, segments)
+        else:
+            summed = self.comm.sum_to_all(vector)
         set_flat_grads(self.model, summed[:-1])
         return float(summed[-1])
 
@@ -273,7 +284,8 @@ class Trainer:
         logits = self.full_logits()
         correct = (logits.argmax(dim=1) == self.y).numpy()
         counts = np.asarray([correct[self.masks[s]].sum() for s in SPLITS], dtype=np.float64)
-        totals = self.comm.sum_to_server(counts)
+        totals = (self.secure.sum_to_server(self.comm, counts) if self.secure is not None
+                  else self.comm.sum_to_server(counts))
         if totals is None:
             return None
         return {f"{s}_micro_f1": float(totals[k]) / max(1, self.global_split_counts[s])
