@@ -299,12 +299,13 @@ class CrossClientExchange:
         if self.masking is None:
             return None, None
         counter = self.masking.next_counter()
-        first_rows, largest = None, 0.0
+        first_rows, maxima = None, [0.0]
         for c in range(routing.num_chunks):
             rows = self._send_rows(plan, routing, c, values)
-            largest = max(largest, float(np.max(np.abs(rows))) if rows.size else 0.0)
+            maxima.append(float(np.max(np.abs(rows))) if rows.size else 0.0)
             if routing.num_chunks == 1:
                 first_rows = rows
+        largest = float(np.max(maxima))  # NaN propagates to the check, unlike max()
         exponent = self.masking.agree_exponent(self.comm, largest, self.wire_dtype)
         return (counter, exponent), first_rows
 

@@ -145,6 +145,7 @@ class NonceRecord:
     """One keystream use: which key (by its label, never the key), counter, block range."""
 
     key_label: tuple
+    role: str  # mask / unmask (exchange), add / subtract (zero-sum)
     counter: int
     first_block: int
     end_block: int
@@ -214,15 +215,15 @@ class SecureSession:
         """Every key this rank holds (for the tests that look for them in the run's files)."""
         return [*self._exchange_to.values(), *self._exchange_from.values(), *self._pair.values()]
 
-    def _keystream(self, key: bytes, key_label: tuple, counter: int, word_offset: int,
-                   count: int, ring: np.dtype) -> np.ndarray:
+    def _keystream(self, key: bytes, key_label: tuple, role: str, counter: int,
+                   word_offset: int, count: int, ring: np.dtype) -> np.ndarray:
         """Ring words [word_offset, word_offset + count) of the stream of (key, counter)."""
         itemsize = ring.itemsize
         start = word_offset * itemsize
         first_block, skip = divmod(start, BLOCK_BYTES)
         total = skip + count * itemsize
         if self.nonce_log is not None:
-            self.nonce_log.append(NonceRecord(key_label, counter, first_block,
+            self.nonce_log.append(NonceRecord(key_label, role, counter, first_block,
                                               first_block + -(-total // BLOCK_BYTES)))
         encryptor = Cipher(algorithms.AES(key),
                            modes.CTR(struct.pack(">QQ", counter, first_block))).encryptor()
@@ -266,7 +267,7 @@ class SecureSession:
             high = min(send_high, int(masks.owner_first[j + 1]))
             if high <= low:
                 continue
-            stream = self._keystream(key, ("exchange", self.client_id, j), counter,
+            stream = self._keystream(key, ("exchange", self.client_id, j), "mask", counter,
                                      (low - int(masks.owner_first[j])) * width,
                                      (high - low) * width, ring)
             encoded[low - send_low:high - send_low] += stream.reshape(-1, width)
@@ -285,7 +286,7 @@ class SecureSession:
             low, high = np.searchsorted(rows, [first, first + received.shape[0]])
             if high <= low:
                 continue
-            stream = self._keystream(key, ("exchange", i, self.client_id), counter,
+            stream = self._keystream(key, ("exchange", i, self.client_id), "unmask", counter,
                                      int(low) * width, int(high - low) * width, received.dtype)
             received[rows[low:high] - first] -= stream.reshape(-1, width)
         return decode(received, exponent, dtype)
@@ -295,8 +296,9 @@ class SecureSession:
         """Add this client's share of the pairwise masks that cancel in the total."""
         for j, key in self._pair.items():
             low, high = sorted((self.client_id, j))
-            stream = self._keystream(key, ("zero-sum", low, high), counter, 0, encoded.shape[0],
-                                     encoded.dtype)
+            role = "add" if self.client_id < j else "subtract"
+            stream = self._keystream(key, ("zero-sum", low, high), role, counter, 0,
+                                     encoded.shape[0], encoded.dtype)
             if self.client_id < j:
                 encoded += stream
             else:

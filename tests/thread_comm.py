@@ -93,7 +93,7 @@ class ThreadComm:
         return flat
 
     def scatterv(self, send, counts, receive_count: int, dtype) -> np.ndarray:
-        shared = self._share((np.array(send, copy=True), np.asarray(counts)) if self.is_server
+        shared = self._share((np.array(send, copy=True).ravel(), np.asarray(counts)) if self.is_server
                              else None)
         flat, counts = shared[0]
         assert flat.dtype == np.dtype(dtype), (flat.dtype, dtype)
