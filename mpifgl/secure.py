@@ -9,8 +9,8 @@ derives, with HKDF-SHA256 of their shared secret, one key per direction for the 
 and j -> i differ: the X25519 secret is symmetric) and one pair key for the zero-sum masks. Keys
 live only in this object: never pickled, logged or written (tests check the run's files).
 
-Keystreams: AES-256-CTR, 128-bit counter block = (session counter [64 bits], block index [64
-bits]). The session counter advances once per masked operation (every exchange of training,
+Keystreams: ChaCha20 (256-bit key), nonce = session counter [64 bits], block counter = the
+64-byte block index [32 bits: 256 GB per stream]. The session counter advances once per masked operation (every exchange of training,
 evaluation and ``--save-logits``, every masked sum), identically on every rank, so (key, counter,
 block) never repeats within a run; keys are fresh every run (a resume agrees new ones).
 
@@ -42,7 +42,7 @@ from typing import Any, Protocol
 import numpy as np
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 RING_DTYPES = {np.dtype(np.float32): np.dtype(np.uint32), np.dtype(np.float64): np.dtype(np.uint64)}
@@ -50,7 +50,8 @@ SIGNED = {np.dtype(np.uint32): np.dtype(np.int32), np.dtype(np.uint64): np.dtype
 SUPPORTED_EXCHANGES = ("compact",)
 SUPPORTED_ALGOS = ("ours", "bns")
 KEY_BYTES = 32
-BLOCK_BYTES = 16  # AES block: the keystream's unit of position
+BLOCK_BYTES = 64  # ChaCha20 block: the keystream's unit of position
+MAX_BLOCKS = 2 ** 32  # ChaCha20's block counter
 EMPTY_EXPONENT = -(2 ** 40)  # the exponent a rank reports when all its terms are zero
 
 
@@ -113,25 +114,39 @@ def sum_error_bound(ring: np.dtype, num_clients: int, max_abs: float) -> float:
     return num_clients * 2.0 ** (-e - 1)
 
 
+def _times_power_of_two(values: np.ndarray, exponent: int) -> np.ndarray:
+    """values * 2^exponent in their own float type: exact (a power of two only shifts the
+    exponent); a multiply where 2^exponent is a normal number of that type, else ldexp."""
+    info = np.finfo(values.dtype)
+    if info.minexp < exponent < info.maxexp:
+        return values * values.dtype.type(2.0 ** exponent)
+    return np.ldexp(values, exponent)
+
+
 def encode(values: np.ndarray, exponent: int, ring: np.dtype, num_clients: int) -> np.ndarray:
-    """round(values * 2^exponent) in Z_2^k, after checking every term against the range."""
-    scaled = np.ldexp(np.asarray(values, dtype=np.float64), exponent)
+    """round(values * 2^exponent) in Z_2^k, after checking every term against the range. The
+    float type of the run is kept (k = its width): the scaled values fit it exactly."""
+    values = np.asarray(values)
+    float_type = np.float32 if ring == np.uint32 else np.float64
+    values = values.astype(float_type, copy=False)
     limit = term_limit(ring, num_clients)
-    if scaled.size:
-        largest = float(np.max(np.abs(scaled)))
+    if values.size:
+        largest = float(max(values.max(), -values.min())) * 2.0 ** exponent
         if not largest <= limit:  # also catches NaN
             raise FixedPointOverflow(
                 f"--secure: a value of magnitude {largest * 2.0 ** -exponent:.6g} exceeds the "
                 f"fixed-point range {limit * 2.0 ** -exponent:.6g} agreed for this sum "
                 f"(ring Z_2^{8 * ring.itemsize}, scale 2^{exponent}); expected finite values "
                 "within it (the model diverged, or a rank reported a wrong maximum)")
-    return np.rint(scaled).astype(np.int64).astype(ring)
+    scaled = _times_power_of_two(values, exponent)
+    np.rint(scaled, out=scaled)
+    return scaled.astype(SIGNED[ring]).view(ring)
 
 
 def decode(ring_values: np.ndarray, exponent: int, dtype: np.dtype) -> np.ndarray:
-    """Signed value of each ring element times 2^-exponent, in ``dtype``."""
-    signed = ring_values.view(SIGNED[ring_values.dtype]).astype(np.float64)
-    return np.ldexp(signed, -exponent).astype(dtype)
+    """Signed value of each ring element times 2^-exponent, in ``dtype`` (one rounding)."""
+    signed = ring_values.view(SIGNED[ring_values.dtype]).astype(dtype)
+    return _times_power_of_two(signed, -exponent)
 
 
 # -- keys and keystreams ----------------------------------------------------------------------
@@ -225,9 +240,12 @@ class SecureSession:
         if self.nonce_log is not None:
             self.nonce_log.append(NonceRecord(key_label, role, counter, first_block,
                                               first_block + -(-total // BLOCK_BYTES)))
-        encryptor = Cipher(algorithms.AES(key),
-                           modes.CTR(struct.pack(">QQ", counter, first_block))).encryptor()
-        stream = encryptor.update(bytes(total))  # AES-CTR of zeros: the keystream itself
+        end_block = first_block + -(-total // BLOCK_BYTES)
+        assert end_block <= MAX_BLOCKS, "one keystream of 256 GB: chunk the exchange"
+        # cryptography's ChaCha20 nonce: block counter (32 bits, little-endian) + 96-bit nonce
+        nonce = struct.pack("<IQI", first_block, counter, 0)
+        encryptor = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor()
+        stream = encryptor.update(bytes(total))  # ChaCha20 of zeros: the keystream itself
         return np.frombuffer(stream, dtype=ring, count=count, offset=skip)
 
     # -- the compact exchange -------------------------------------------------------------------

@@ -301,6 +301,21 @@ def test_whole_run_uses_every_keystream_block_once_and_writes_no_key(toy_graph, 
     assert json.loads((out / "config.json").read_text())["secure"] is True
 
 
+@pytest.mark.parametrize("dtype", [np.uint32, np.uint64])
+def test_keystream_positions_are_seekable_and_keys_and_counters_separate(dtype):
+    """Words [a, b) of a stream are the same whether drawn alone or as part of [0, n): chunked
+    exchanges mask each row with the words of its position; another counter or key gives
+    another stream."""
+    session = secure.SecureSession(0, 2, {}, {}, {})
+    ring = np.dtype(dtype)
+    whole = session._keystream(b"k" * 32, (), "mask", 7, 0, 1000, ring)
+    for low, high in ((0, 1), (3, 40), (17, 1000), (999, 1000)):
+        part = session._keystream(b"k" * 32, (), "mask", 7, low, high - low, ring)
+        np.testing.assert_array_equal(part, whole[low:high])
+    assert np.mean(session._keystream(b"k" * 32, (), "mask", 8, 0, 1000, ring) == whole) < 0.01
+    assert np.mean(session._keystream(b"j" * 32, (), "mask", 7, 0, 1000, ring) == whole) < 0.01
+
+
 def test_a_session_refuses_to_be_pickled():
     import pickle
     session = secure.SecureSession(0, 2, {1: b"k" * 32}, {1: b"l" * 32}, {1: b"m" * 32})
