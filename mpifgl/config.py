@@ -68,7 +68,7 @@ class TrainConfig:
                                             "holds at least one row)")
     secure: bool = _opt(False, "mask every value the server or a relaying rank handles: "
                                "cross-client terms, weight gradients, loss and counts travel "
-                               "as fixed-point words plus pairwise keystreams (X25519 + AES-CTR, "
+                               "as fixed-point words plus pairwise keystreams (X25519 + ChaCha20, "
                                "fresh keys per run, never written); --exchange compact and "
                                "--algo ours or bns only. See docs/privacy.md")
     steps_per_epoch: int = _opt(0, "optimizer steps per epoch, each on a fresh sample of "

@@ -302,7 +302,7 @@ class CrossClientExchange:
         first_rows, maxima = None, [0.0]
         for c in range(routing.num_chunks):
             rows = self._send_rows(plan, routing, c, values)
-            maxima.append(float(np.max(np.abs(rows))) if rows.size else 0.0)
+            maxima.append(float(max(rows.max(), -rows.min())) if rows.size else 0.0)
             if routing.num_chunks == 1:
                 first_rows = rows
         largest = float(np.max(maxima))  # NaN propagates to the check, unlike max()

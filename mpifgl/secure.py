@@ -10,9 +10,10 @@ and j -> i differ: the X25519 secret is symmetric) and one pair key for the zero
 live only in this object: never pickled, logged or written (tests check the run's files).
 
 Keystreams: ChaCha20 (256-bit key), nonce = session counter [64 bits], block counter = the
-64-byte block index [32 bits: 256 GB per stream]. The session counter advances once per masked operation (every exchange of training,
-evaluation and ``--save-logits``, every masked sum), identically on every rank, so (key, counter,
-block) never repeats within a run; keys are fresh every run (a resume agrees new ones).
+64-byte block index [32 bits: 256 GB per stream]. The session counter advances once per masked
+operation (every exchange of training, evaluation and ``--save-logits``, every masked sum),
+identically on every rank, so (key, counter, block) never repeats within a run; keys are fresh
+every run (a resume agrees new ones).
 
 Fixed point: a float vector is encoded as round(v * 2^e) in the ring Z_2^k (k = 32 for float32
 runs, k = 64 for float64, so the bytes on the wire do not change). Per masked operation the ranks
@@ -150,6 +151,16 @@ def decode(ring_values: np.ndarray, exponent: int, dtype: np.dtype) -> np.ndarra
 
 
 # -- keys and keystreams ----------------------------------------------------------------------
+_ZERO_BYTES = [bytes(0)]
+
+
+def _zeros(length: int) -> memoryview:
+    """``length`` zero bytes, from one buffer kept across calls (the keystream's plaintext)."""
+    if len(_ZERO_BYTES[0]) < length:
+        _ZERO_BYTES[0] = bytes(max(length, 2 * len(_ZERO_BYTES[0])))
+    return memoryview(_ZERO_BYTES[0])[:length]
+
+
 def _derive(secret: bytes, salt: bytes, label: str) -> bytes:
     return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=salt,
                 info=label.encode()).derive(secret)
@@ -190,7 +201,8 @@ class SecureSession:
         self.nonce_log: list[NonceRecord] | None = None  # tests switch it on
 
     def __repr__(self) -> str:  # keys must never reach a log line
-        return f"SecureSession(client {self.client_id} of {self.num_clients}, counter {self.counter})"
+        return (f"SecureSession(client {self.client_id} of {self.num_clients}, "
+                f"counter {self.counter})")
 
     def __reduce__(self):
         raise TypeError("a SecureSession holds keys and is never pickled")
@@ -245,8 +257,9 @@ class SecureSession:
         # cryptography's ChaCha20 nonce: block counter (32 bits, little-endian) + 96-bit nonce
         nonce = struct.pack("<IQI", first_block, counter, 0)
         encryptor = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor()
-        stream = encryptor.update(bytes(total))  # ChaCha20 of zeros: the keystream itself
-        return np.frombuffer(stream, dtype=ring, count=count, offset=skip)
+        stream = np.empty(total + BLOCK_BYTES, dtype=np.uint8)
+        encryptor.update_into(_zeros(total), stream)  # ChaCha20 of zeros: the keystream itself
+        return stream[skip:skip + count * itemsize].view(ring)
 
     # -- the compact exchange -------------------------------------------------------------------
     def exchange_masks(self, plan) -> ExchangeMasks:

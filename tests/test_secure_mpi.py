@@ -37,7 +37,8 @@ def test_secure_training_equals_the_unmasked_run(toy_shards, tmp_path):
         assert a["exchange_bytes_sent"][1:] != [] and all(
             y - x < 0.02 * x for x, y in zip(a["bytes_sent"][1:], b["bytes_sent"][1:]))
     logits_plain, logits_secure = (np.load(runs[n] / "logits.npy") for n in ("plain", "secure"))
-    assert np.max(np.abs(logits_plain - logits_secure)) <= 1e-9 * max(1.0, np.abs(logits_plain).max())
+    scale = max(1.0, float(np.abs(logits_plain).max()))
+    assert np.max(np.abs(logits_plain - logits_secure)) <= 1e-9 * scale
     assert json.loads((runs["secure"] / "config.json").read_text())["secure"] is True
 
 

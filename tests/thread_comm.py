@@ -93,8 +93,8 @@ class ThreadComm:
         return flat
 
     def scatterv(self, send, counts, receive_count: int, dtype) -> np.ndarray:
-        shared = self._share((np.array(send, copy=True).ravel(), np.asarray(counts)) if self.is_server
-                             else None)
+        mine = (np.array(send, copy=True).ravel(), np.asarray(counts)) if self.is_server else None
+        shared = self._share(mine)
         flat, counts = shared[0]
         assert flat.dtype == np.dtype(dtype), (flat.dtype, dtype)
         start = int(np.sum(counts[:self.rank]))
