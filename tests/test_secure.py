@@ -179,6 +179,23 @@ def test_masked_exchange_within_the_derived_bound(toy_graph, tmp_path, dtype, bu
         assert np.max(np.abs(a.astype(np.float64) - b), initial=0) <= bound + float_rounding
 
 
+def test_secure_bns_steps_equal_the_unmasked_ones(toy_graph, tmp_path):
+    """--algo bns runs the same masked exchange: three sampled steps give the plain losses."""
+    from mpifgl.baselines.bns import BNSTrainer
+    shard_dir = shards_for(toy_graph, tmp_path, 3)
+    manifest = read_manifest(shard_dir)
+
+    def body(comm, flag: bool):
+        graph = ClientGraph.for_rank(shard_dir, manifest, comm.client_id)
+        config = TrainConfig(shards=str(shard_dir), algo="bns", dtype="float64", hidden=8,
+                             boundary_p=0.5, secure=flag)
+        trainer = BNSTrainer(config, comm, graph, manifest.num_classes, None)
+        return [trainer.train_step() for _ in range(3)]
+
+    plain, masked = (ThreadWorld(4).run(lambda comm: body(comm, flag))[0] for flag in (False, True))
+    np.testing.assert_allclose(masked, plain, rtol=1e-10)
+
+
 # -- what the server sees -----------------------------------------------------------------------
 def chi_square_uniform_bytes(octets: np.ndarray) -> float:
     counts = np.bincount(octets, minlength=256)
