@@ -35,7 +35,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from mpifgl.experiments import mpi_env, mpirun_path  # noqa: E402
+from fgl_common.launch import mpirun_path  # noqa: E402
+from study.runner import subprocess_env  # noqa: E402
 
 DATASET = "amazon-computers"
 HIDDEN, LAYERS, ITEMSIZE, STEPS = 128, 2, 4, 4
@@ -50,7 +51,7 @@ def prepare(work: Path, clients: int, partition: str, data_root: str) -> Path:
                "--quiet"]
     if data_root:
         command += ["--data-root", data_root]
-    subprocess.run(command, check=True, env=mpi_env(), cwd=REPO, timeout=1800)
+    subprocess.run(command, check=True, env=subprocess_env(), cwd=REPO, timeout=1800)
     return shards
 
 
@@ -58,7 +59,7 @@ def run(shards: Path, out: Path, clients: int, mode: str) -> dict:
     command = [mpirun_path(), "-n", str(clients + 1), sys.executable, "-m", "mpifgl.train",
                "--shards", str(shards), "--out", str(out), "--epochs", "2", "--eval-every", "20",
                "--exchange", mode, "--force"]
-    done = subprocess.run(command, env=mpi_env(), cwd=REPO, capture_output=True, text=True,
+    done = subprocess.run(command, env=subprocess_env(), cwd=REPO, capture_output=True, text=True,
                           timeout=3600)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")

@@ -53,7 +53,8 @@ from statistics import mean
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from mpifgl.experiments import mpi_env, mpirun_path  # noqa: E402
+from fgl_common.launch import mpirun_path  # noqa: E402
+from study.runner import subprocess_env  # noqa: E402
 
 PRODUCTS_NODES = 2_449_029
 PRODUCTS_EDGES = 61_859_140
@@ -91,7 +92,7 @@ def prepare(work: Path, clients: int, scale: float) -> Path:
     command = [sys.executable, "-m", "data_prep", "--dataset", "synthetic", "--num-clients",
                str(clients), "--partition", "random", "--seed", "0", "--out", str(out), *flags]
     start = time.perf_counter()
-    if subprocess.run(command, env=mpi_env(), cwd=REPO).returncode != 0:
+    if subprocess.run(command, env=subprocess_env(), cwd=REPO).returncode != 0:
         raise SystemExit(f"preparing {out} failed: {' '.join(command)}")
     print(f"shards {out}: written ({time.perf_counter() - start:.0f} s)", flush=True)
     return out
@@ -138,7 +139,7 @@ def run(method: str, clients: int, shards: Path, work: Path, epochs: int, exchan
     start = time.perf_counter()
     log_path = out / "output.log"  # stdout and stderr
     with open(log_path, "w") as log:
-        process = subprocess.Popen(command, env=mpi_env(), cwd=REPO, stdout=log, stderr=log,
+        process = subprocess.Popen(command, env=subprocess_env(), cwd=REPO, stdout=log, stderr=log,
                                    start_new_session=True)  # its own group: a timeout kills all
         try:
             status, rusage = _wait(process, timeout)

@@ -6,7 +6,7 @@
 
 What one client rank computes per step of ``ours`` (label-guided sample of s = n/4 draws over
 all clients, 2-layer GCN, hidden 128, dropout 0.2), in one process on one torch thread: the
-phases of ``Trainer.train_step`` with the cross-client sums replaced by zeros of the right
+phases of ``GNNMethod.train_step`` with the cross-client sums replaced by zeros of the right
 shape. Prints the best of ``--repeats`` means over ``--steps`` steps (process CPU time, the
 least disturbed by other load) and the phases' shares. Comparing commits: run it alternately
 from two checkouts (``python /path/to/checkout/benchmarks/bench_step.py ...``); this virtual
@@ -31,8 +31,9 @@ from mpifgl.graph import ClientGraph, build_operator  # noqa: E402
 from mpifgl.model import flat_grads, select_rows, set_flat_grads  # noqa: E402
 from mpifgl.sampling import (NodeSampler, client_sample_sizes, group_counts,  # noqa: E402
                              make_distribution, node_groups)
-from mpifgl.shards import read_manifest  # noqa: E402
-from mpifgl.trainer import LocalComm, Trainer  # noqa: E402
+from fgl_common.shard_format import read_manifest  # noqa: E402
+from mpifgl.communicator import LocalComm  # noqa: E402
+from mpifgl.methods import build_trainer  # noqa: E402
 
 
 def main() -> int:
@@ -59,7 +60,8 @@ def main() -> int:
                                               totals), int(draws[j]), np.random.default_rng(j))
                 for j, g in enumerate(graphs)]
     graph = graphs[args.client]
-    trainer = Trainer(TrainConfig(shards=str(args.shards)), LocalComm(), graph, classes, None)
+    trainer = build_trainer(TrainConfig(shards=str(args.shards)), LocalComm(), graph,
+                            classes).method
 
     def zero_exchange(plan, y):  # the client's send-side product, no messages
         if plan.send_rows is not None:
@@ -86,10 +88,10 @@ def main() -> int:
         trainer.optimizer.zero_grad(set_to_none=False)
         x = select_rows(trainer.x, operator.rows)
         tick("gather rows")
-        logits = trainer.model(x, operator, zero_exchange, trainer.dropout_rng)
+        logits = trainer.model(x, operator, zero_exchange, trainer.setup.dropout_rng)
         tick("forward")
         train = torch.from_numpy(graph.train_mask[operator.rows])
-        loss = F.cross_entropy(logits[train], trainer.y[operator.rows][train], reduction="sum")
+        loss = F.cross_entropy(logits[train], trainer.setup.y[operator.rows][train], reduction="sum")
         tick("loss")
         loss.backward()
         tick("backward")

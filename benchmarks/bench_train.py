@@ -43,7 +43,8 @@ from statistics import median
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from mpifgl.experiments import mpi_env, mpirun_path, prepare_shards_subprocess  # noqa: E402
+from fgl_common.launch import mpirun_path  # noqa: E402
+from study.runner import prepare_shards_subprocess, subprocess_env  # noqa: E402
 
 CLIENTS = 8
 METHODS = ("ours", "ours-1step", "ours-star", "ours-full", "centralized", "centralized-all-cores")
@@ -54,7 +55,7 @@ LAYERS = 2
 def run(method: str, shards: Path, out: Path, epochs: int, flags: list[str]) -> float:
     command = [sys.executable, "-m", "mpifgl.train", "--shards", str(shards), "--out", str(out),
                "--epochs", str(epochs), "--eval-every", str(10 * epochs), "--force", *flags]
-    env = mpi_env()  # one torch thread per process
+    env = subprocess_env()  # one torch thread per process
     if not method.startswith("centralized"):
         command = [mpirun_path(), "-n", str(CLIENTS + 1), *command]
     elif method == "centralized-all-cores":

@@ -11,87 +11,42 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import typing
-from dataclasses import fields
 from pathlib import Path
 from typing import Any, Sequence
 
+from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace
+
 from .api import PrepResult, run_prep
 from .config import PartitionConfig, PrepConfig, SyntheticConfig
-from .datasets import KNOWN_DATASETS
-from .partition import PARTITION_METHODS
-from .progress import Progress
 from .verify import verify_shard_dir
 
 PROG = "data_prep"
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, OSError)
-
-
-def _flag_type(cls: type, name: str) -> type:
-    hint = typing.get_type_hints(cls)[name]
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    return args[0] if args else hint
-
-
-def add_dataclass_flags(parser: argparse._ActionsContainer, cls: type, prefix: str,
-                        only: Sequence[str] | None = None) -> None:
-    """One ``--<prefix><field>`` flag per dataclass field, help and default from the field."""
-    for f in fields(cls):
-        if only is not None and f.name not in only:
-            continue
-        flag = "--" + prefix + f.name.replace("_", "-")
-        default = f.default
-        parser.add_argument(flag, dest=prefix.replace("-", "_") + f.name,
-                            type=_flag_type(cls, f.name), default=default,
-                            help=f"{f.metadata.get('help', '')} (default: {default})")
+SYNTHETIC_PREFIX = "syn-"
+NESTED = ("partition", "synthetic")  # PrepConfig fields that are configs with flags of their own
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The flags of PrepConfig, --partition and its label-skew knobs, and --syn-<field>."""
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Partition a graph dataset over M clients and write one HDF5 shard per "
                     "client plus manifest.json. `python -m data_prep verify SHARD_DIR` checks "
                     "a shard directory.")
-    parser.add_argument("--dataset", required=True,
-                        help="one of: " + ", ".join(KNOWN_DATASETS))
-    parser.add_argument("--num-clients", type=int, required=True, help="number of clients M")
-    parser.add_argument("--partition", default="random",
-                        help=f"{' | '.join(PARTITION_METHODS)} (default: random, the paper's)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seed of the split (when not official), partition and synthetic "
-                             "graph (default: 0)")
-    parser.add_argument("--data-root", type=Path, default=None,
-                        help="folder with raw files in PyG layout (default: env "
-                             "MPIFGL_DATA_ROOT, else ../shared/data next to the checkout, else "
-                             "~/.cache/mpifgl/data)")
-    parser.add_argument("--out", type=Path, required=True, help="shard directory to create")
-    parser.add_argument("--force", action="store_true",
-                        help="replace an existing --out (after the new one is written and "
-                             "verified)")
-    parser.add_argument("--download", action="store_true",
-                        help="allow PyG/OGB to download missing raw files into --data-root")
-    parser.add_argument("--cache-dir", type=Path, default=None,
-                        help="scratch for copies of raw folders (default: env MPIFGL_CACHE, "
-                             "else ~/.cache/mpifgl)")
-    parser.add_argument("--quiet", action="store_true",
-                        help="print nothing on success (no progress, no summary, no loader "
-                             "chatter); errors are still printed")
+    add_dataclass_arguments(parser, PrepConfig, only=("dataset", "num_clients", "out"))
+    add_dataclass_arguments(parser, PartitionConfig, only=("method",))
+    add_dataclass_arguments(parser, PrepConfig, exclude=("dataset", "num_clients", "out", *NESTED))
     skew = parser.add_argument_group("label-skew partition")
-    add_dataclass_flags(skew, PartitionConfig, "", only=("favoured_classes", "skew_factor"))
+    add_dataclass_arguments(skew, PartitionConfig, exclude=("method",))
     syn = parser.add_argument_group("synthetic dataset (--dataset synthetic)")
-    add_dataclass_flags(syn, SyntheticConfig, "syn-")
+    add_dataclass_arguments(syn, SyntheticConfig, SYNTHETIC_PREFIX)
     return parser
 
 
 def config_from_args(args: argparse.Namespace) -> PrepConfig:
-    synthetic = SyntheticConfig(**{f.name: getattr(args, "syn_" + f.name)
-                                   for f in fields(SyntheticConfig)})
-    return PrepConfig(
-        dataset=args.dataset, num_clients=args.num_clients, out=args.out,
-        partition=PartitionConfig(method=args.partition, favoured_classes=args.favoured_classes,
-                                  skew_factor=args.skew_factor),
-        seed=args.seed, data_root=args.data_root, force=args.force, download=args.download,
-        synthetic=synthetic, cache_dir=args.cache_dir, show_progress=not args.quiet)
+    return dataclass_from_namespace(
+        PrepConfig, args, partition=dataclass_from_namespace(PartitionConfig, args),
+        synthetic=dataclass_from_namespace(SyntheticConfig, args, SYNTHETIC_PREFIX))
 
 
 def format_summary(result: PrepResult) -> str:
@@ -119,10 +74,9 @@ def format_summary(result: PrepResult) -> str:
 
 
 def _prepare(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    config = config_from_args(args)
+    config = config_from_args(build_parser().parse_args(argv))
     result = run_prep(config)
-    if not args.quiet:
+    if config.show_progress:
         print(format_summary(result))
     return 0
 
@@ -133,7 +87,7 @@ def _verify(argv: list[str]) -> int:
     parser.add_argument("shard_dir", type=Path)
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
-    report = verify_shard_dir(args.shard_dir, progress=Progress(enabled=not args.quiet))
+    report = verify_shard_dir(args.shard_dir, show_progress=not args.quiet)
     if report.ok:
         m = report.manifest or {}
         print(f"{PROG} verify: {args.shard_dir} OK ({m.get('num_clients')} clients, "

@@ -1,19 +1,21 @@
-"""Python entry points: ``run_prep`` (one run from a PrepConfig) and ``prepare_shards`` (what the
-training program calls to make sure the shards of its default run exist)."""
+"""Python entry points: ``run_prep`` (one run from a PrepConfig) and ``prepare_shards`` (make sure
+the shards of a request exist, reusing matching ones: for drivers that prepare many)."""
 from __future__ import annotations
 
 import json
+import resource
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from mpifgl import shards as shard_format
+from fgl_common import shard_format
 
+from .catalog import normalise_dataset_name
 from .config import PartitionConfig, PrepConfig, SyntheticConfig
-from .datasets import load_dataset, normalise_dataset_name
+from .datasets import load_dataset
 from .partition import partition_nodes
-from .progress import Progress, peak_rss_mb
+from .verify import verify_shard_dir
 from .writer import check_output_target, write_shard_directory
 
 
@@ -46,22 +48,28 @@ def request_record(config: PrepConfig) -> dict[str, Any]:
     return record
 
 
-def run_prep(config: PrepConfig, progress: Progress | None = None) -> PrepResult:
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process and of its waited-for children, in MB (Linux KB)."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return max(own, children) / 1024.0
+
+
+def run_prep(config: PrepConfig) -> PrepResult:
     """Validate, load, partition, write and verify; raise ValueError/FileNotFoundError/
     FileExistsError/OSError with a message for the user on bad input."""
-    progress = progress or Progress(enabled=config.show_progress)
     start = time.perf_counter()
     config.validate()
     out = Path(config.out)
     check_output_target(out, config.force)  # before the (possibly long) load
-    graph = load_dataset(config, progress)
+    graph = load_dataset(config)
     partition = partition_nodes(graph, config.num_clients, config.partition, config.seed,
-                                progress)
+                                config.show_progress)
     manifest_extra = {"partition": config.partition.method,
                       "partition_params": partition.params,
                       "request": request_record(config)}
     manifest = write_shard_directory(graph, partition, out, config.force, manifest_extra,
-                                     config.seed, progress)
+                                     config.seed, config.show_progress)
     return PrepResult(manifest, out, time.perf_counter() - start, peak_rss_mb())
 
 
@@ -108,11 +116,11 @@ def prepare_shards(dataset: str, num_clients: int, partition: str = "random", se
     """Make sure ``out`` holds verified shards for this request and return their manifest.
 
     ``out`` defaults to ``shards/<dataset>-<partition>-m<M>-s<S>`` in the working directory
-    (``mpifgl.shards.default_shard_dir``). If ``out`` already holds shards written for the same
-    request and they verify, nothing is written. If it holds something else, FileExistsError
-    unless ``force=True`` (then it is replaced, atomically). Two processes preparing the same
-    shards at once: the loser checks the winner's manifest and returns it. ``options``: see
-    ``config_from_options``."""
+    (``fgl_common.shard_format.default_shard_dir``). If ``out`` already holds shards written for
+    the same request and they verify, nothing is written. If it holds something else,
+    FileExistsError unless ``force=True`` (then it is replaced, atomically). Two processes
+    preparing the same shards at once: the loser checks the winner's manifest and returns it.
+    ``options``: see ``config_from_options``."""
     config = config_from_options(dataset, num_clients, partition, seed, data_root, out, force,
                                  options)
     config.validate()
@@ -133,8 +141,6 @@ def prepare_shards(dataset: str, num_clients: int, partition: str = "random", se
 
 
 def _matching_manifest(target: Path, request: dict[str, Any]) -> dict[str, Any] | None:
-    from .verify import verify_shard_dir
-
     manifest_path = target / shard_format.MANIFEST_NAME
     try:
         manifest = json.loads(manifest_path.read_text())

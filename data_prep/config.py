@@ -1,46 +1,47 @@
 """Typed configuration of one data_prep run. CLI flags are generated from these fields
-(``data_prep.__main__``), so each option has exactly one spelling and one documented default."""
+(``fgl_common.cli``, used by ``data_prep.__main__``), so each option has exactly one spelling and
+one documented default."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from fgl_common.cli import option
 
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
+from .catalog import KNOWN_DATASETS, normalise_dataset_name
+
+PARTITION_METHODS = ("random", "label-skew", "metis")
 
 
 @dataclass(frozen=True)
 class SyntheticConfig:
     """Stochastic-block-model style graph with class-dependent features (dataset ``synthetic``)."""
 
-    nodes: int = field(default=10_000, metadata=_help("number of nodes"))
-    avg_degree: float = field(default=10.0, metadata=_help(
-        "average degree; the graph gets round(nodes * avg_degree / 2) undirected edges"))
-    edges: int | None = field(default=None, metadata=_help(
-        "exact number of undirected edges (overrides --syn-avg-degree)"))
-    classes: int = field(default=5, metadata=_help(
-        "number of classes (balanced sizes unless --syn-class-skew > 0)"))
-    features: int = field(default=32, metadata=_help("feature dimension"))
-    homophily: float = field(default=0.8, metadata=_help(
-        "fraction of edges whose two ends share a class (edge homophily), in [0, 1]"))
-    feature_signal: float = field(default=1.0, metadata=_help(
-        "scale of the per-class mean added to unit Gaussian noise in the features"))
-    class_skew: float = field(default=0.0, metadata=_help(
-        "Zipf exponent of the class sizes: class k gets a share proportional to (k+1)^-skew "
-        "(0: balanced; 1: the largest of 47 classes holds 22%%, the smallest 0.5%%)"))
-    degree_skew: float = field(default=0.0, metadata=_help(
-        "sigma of the log-normal node weights edge ends are drawn in proportion to (0: uniform "
-        "ends, Poisson degrees; 1: a heavy tail of hubs), in [0, 2]"))
-    label_noise: float = field(default=0.0, metadata=_help(
-        "fraction of nodes whose label is replaced, after edges and features are drawn from "
-        "their class, by the label of a random node (ambiguous categories as in "
-        "ogbn-products); caps the attainable accuracy, in [0, 1]"))
-    seed: int | None = field(default=None, metadata=_help(
-        "seed of the generator (default: --seed), so one graph can be partitioned with "
-        "several seeds"))
+    nodes: int = option(10_000, "number of nodes")
+    avg_degree: float = option(10.0, "average degree; the graph gets round(nodes * avg_degree / 2) "
+                                     "undirected edges")
+    edges: int | None = option(None, "exact number of undirected edges (overrides "
+                                     "--syn-avg-degree)")
+    classes: int = option(5, "number of classes (balanced sizes unless --syn-class-skew > 0)")
+    features: int = option(32, "feature dimension")
+    homophily: float = option(0.8, "fraction of edges whose two ends share a class (edge "
+                                   "homophily), in [0, 1]")
+    feature_signal: float = option(1.0, "scale of the per-class mean added to unit Gaussian "
+                                        "noise in the features")
+    class_skew: float = option(0.0, "Zipf exponent of the class sizes: class k gets a share "
+                                    "proportional to (k+1)^-skew (0: balanced; 1: the largest of "
+                                    "47 classes holds 22%, the smallest 0.5%)")
+    degree_skew: float = option(0.0, "sigma of the log-normal node weights edge ends are drawn in "
+                                     "proportion to (0: uniform ends, Poisson degrees; 1: a heavy "
+                                     "tail of hubs), in [0, 2]")
+    label_noise: float = option(0.0, "fraction of nodes whose label is replaced, after edges and "
+                                     "features are drawn from their class, by the label of a "
+                                     "random node (ambiguous categories as in ogbn-products); "
+                                     "caps the attainable accuracy, in [0, 1]")
+    seed: int | None = option(None, "seed of the generator (default: --seed), so one graph can be "
+                                    "partitioned with several seeds")
 
     @property
     def num_edges(self) -> int:
@@ -89,16 +90,15 @@ class SyntheticConfig:
 class PartitionConfig:
     """How nodes are split over clients."""
 
-    method: str = field(default="random", metadata=_help(
-        "random (equal sizes, the paper's setting), label-skew (non-iid) or metis"))
-    favoured_classes: int = field(default=2, metadata=_help(
-        "label-skew: classes per client whose nodes get --skew-factor times the sampling weight"))
-    skew_factor: float = field(default=10.0, metadata=_help(
-        "label-skew: weight of a favoured class relative to the others (the paper's 'ten times')"))
+    method: str = option("random", " | ".join(PARTITION_METHODS) + ": random = equal sizes, the "
+                                   "paper's setting; label-skew = non-iid; metis = few cut edges",
+                         flag="--partition")
+    favoured_classes: int = option(2, "label-skew: classes per client whose nodes get "
+                                      "--skew-factor times the sampling weight")
+    skew_factor: float = option(10.0, "label-skew: weight of a favoured class relative to the "
+                                      "others (the paper's 'ten times')")
 
     def validate(self, num_clients: int) -> None:
-        from .partition import PARTITION_METHODS  # local: partition imports this module
-
         if self.method not in PARTITION_METHODS:
             raise ValueError(f"unknown --partition {self.method!r}; choose one of "
                              f"{', '.join(PARTITION_METHODS)}")
@@ -119,21 +119,25 @@ def default_cache_dir() -> Path:
 class PrepConfig:
     """One run: dataset -> split -> partition -> shards in ``out``."""
 
-    dataset: str
-    num_clients: int
-    out: Path
-    partition: PartitionConfig = field(default_factory=PartitionConfig)
-    seed: int = 0  # drives the split (when not official), the partition and the synthetic graph
-    data_root: Path | None = None  # None: data_prep.datasets.default_data_root()
-    force: bool = False  # replace an existing shard directory (only after the new one verified)
-    download: bool = False  # let PyG/OGB download missing raw files into data_root
-    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
-    cache_dir: Path | None = None  # None: default_cache_dir()
-    show_progress: bool = True  # progress lines on stderr
+    dataset: str = option(MISSING, "one of: " + ", ".join(KNOWN_DATASETS), required=True)
+    num_clients: int = option(MISSING, "number of clients M", required=True)
+    out: Path = option(MISSING, "shard directory to create", required=True)
+    partition: PartitionConfig = field(default_factory=PartitionConfig)  # flags of its own
+    seed: int = option(0, "seed of the split (when not official), partition and synthetic graph")
+    data_root: Path | None = option(None, "folder with raw files in PyG layout (default: env "
+                                          "MPIFGL_DATA_ROOT, else ../shared/data next to the "
+                                          "checkout, else ~/.cache/mpifgl/data)")
+    force: bool = option(False, "replace an existing --out (after the new one is written and "
+                                "verified)")
+    download: bool = option(False, "allow PyG/OGB to download missing raw files into --data-root")
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)  # the --syn-* flags
+    cache_dir: Path | None = option(None, "scratch for copies of raw folders (default: env "
+                                          "MPIFGL_CACHE, else ~/.cache/mpifgl)")
+    show_progress: bool = option(True, "print nothing on success (no progress, no summary, no "
+                                       "loader chatter); errors are still printed",
+                                 flag="--quiet")
 
     def validate(self) -> None:
-        from .datasets import KNOWN_DATASETS, normalise_dataset_name
-
         normalise_dataset_name(self.dataset)  # raises with the list of known names
         if self.num_clients < 1:
             raise ValueError(f"--num-clients must be >= 1, got {self.num_clients}")

@@ -16,11 +16,10 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from .config import PartitionConfig
+from .config import PARTITION_METHODS, PartitionConfig
 from .graph import GraphData, seed_stream
-from .progress import Progress
+from .progress import stage
 
-PARTITION_METHODS = ("random", "label-skew", "metis")
 LABEL_SKEW_ROUNDS = 16  # interleaved draws per client (more = fairer, slower)
 
 
@@ -132,13 +131,14 @@ def metis_partition(adjacency: sp.csr_matrix, num_clients: int, seed: int) -> np
 
 
 def partition_nodes(graph: GraphData, num_clients: int, config: PartitionConfig, seed: int,
-                    progress: Progress) -> Partition:
+                    show_progress: bool = False) -> Partition:
     n = graph.num_nodes
     if num_clients > n:
         raise ValueError(f"--num-clients {num_clients} exceeds the {n} nodes of {graph.name}: "
                          f"every client needs at least one node")
     rng = np.random.default_rng(seed_stream(seed, "partition"))
-    with progress.step(f"partitioning {n:,} nodes into {num_clients} clients ({config.method})"):
+    with stage(f"partitioning {n:,} nodes into {num_clients} clients ({config.method})",
+               show_progress):
         if config.method == "random":
             return Partition(random_partition(n, num_clients, rng), num_clients)
         if config.method == "label-skew":

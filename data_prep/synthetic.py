@@ -2,8 +2,8 @@
 homophily, class-dependent Gaussian features, optionally Zipf-skewed class sizes, log-normal
 degree skew and label noise (the knobs that make the task as hard as ogbn-products, docs/scale.md).
 
-Everything is vectorised numpy in fixed-size chunks (no Python loop over nodes or edges), so an
-ogbn-products-sized graph (2.4 M nodes, 62 M edges) is generated in about a minute on one core."""
+Everything is vectorised numpy in fixed-size chunks (no Python loop over nodes or edges), so
+graphs of ogbn-products size stay practical on one core (timings: docs/data_prep.md)."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,9 +11,9 @@ import numpy as np
 from .config import SyntheticConfig
 from .graph import (GraphData, adjacency_from_keys, edge_keys, index_dtype, seed_stream,
                     stratified_split)
-from .progress import Progress
+from .progress import bar, stage
 
-EDGE_CHUNK = 1 << 22  # edges sampled per vectorised chunk (~200 MB of temporaries)
+EDGE_CHUNK = 1 << 22  # edges sampled per vectorised chunk: bounds the temporaries
 FEATURE_CHUNK_ROWS = 1 << 17
 MAX_SAMPLING_ROUNDS = 60
 # Degree skew: node weights are integers round(WEIGHT_RESOLUTION * exp(sigma z)) >= 1, so a
@@ -99,7 +99,8 @@ def _node_weights(config: SyntheticConfig, rng: np.random.Generator) -> np.ndarr
     return np.maximum(weights, 1).astype(np.int64)
 
 
-def generate_synthetic(config: SyntheticConfig, split_seed: int, progress: Progress) -> GraphData:
+def generate_synthetic(config: SyntheticConfig, split_seed: int,
+                       show_progress: bool = False) -> GraphData:
     """Generate the graph described by ``config`` (``config.seed`` must be set)."""
     assert config.seed is not None
     config.validate()
@@ -110,7 +111,7 @@ def generate_synthetic(config: SyntheticConfig, split_seed: int, progress: Progr
 
     sampler = _EdgeSampler(y, config.homophily, rng, _node_weights(config, rng))
     keys = np.zeros(0, dtype=np.int64)
-    with progress.counter(f"synthetic: sampling {target:,} edges", target) as count:
+    with bar(f"synthetic: sampling {target:,} edges", target, show_progress) as count:
         for round_index in range(MAX_SAMPLING_ROUNDS):
             missing = target - keys.shape[0]
             if missing <= 0:
@@ -120,10 +121,11 @@ def generate_synthetic(config: SyntheticConfig, split_seed: int, progress: Progr
             parts = [keys]
             for start in range(0, draw, EDGE_CHUNK):
                 parts.append(sampler.sample_keys(min(EDGE_CHUNK, draw - start)))
-                count.update(min(parts[-1].shape[0], target - count.done))  # drawn so far
+                count.update(min(parts[-1].shape[0], target - count.n))  # drawn so far
             keys = _sorted_unique(np.concatenate(parts), nearly_sorted=round_index > 0)
             del parts
-            count.done = min(target, keys.shape[0])  # distinct edges kept
+            count.n = min(target, keys.shape[0])  # distinct edges kept
+            count.refresh()
         else:
             raise ValueError(f"synthetic graph: could not place {target} distinct edges among "
                              f"{n} nodes with homophily {config.homophily} and {classes} classes "
@@ -135,11 +137,11 @@ def generate_synthetic(config: SyntheticConfig, split_seed: int, progress: Progr
         surplus = rng.choice(keys.shape[0], keys.shape[0] - target, replace=False)
         keys = np.delete(keys, surplus)
 
-    with progress.step("synthetic: building the adjacency"):
+    with stage("synthetic: building the adjacency", show_progress):
         adjacency = adjacency_from_keys(keys, n)
         del keys
 
-    with progress.counter(f"synthetic: {n:,} x {dim} features", n) as count:
+    with bar(f"synthetic: {n:,} x {dim} features", n, show_progress) as count:
         class_means = (rng.standard_normal((classes, dim), dtype=np.float32)
                        * np.float32(config.feature_signal))
         x = np.empty((n, dim), dtype=np.float32)

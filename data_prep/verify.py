@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from mpifgl import shards as shard_format
+from fgl_common import shard_format
 
-from .progress import Progress
+from .progress import bar, stage
 
 MAX_LISTED_IDS = 5  # how many offending node ids a message quotes
 
@@ -128,10 +128,9 @@ def _check_transposes(blocks: dict[int, dict[int, sp.csr_matrix]], shard_dir: Pa
                            f"{differ} entries differ")
 
 
-def verify_shard_dir(shard_dir: str | Path, progress: Progress | None = None) -> VerifyReport:
+def verify_shard_dir(shard_dir: str | Path, show_progress: bool = False) -> VerifyReport:
     """Check ``shard_dir`` completely; never raises for a bad directory (see ``problems``)."""
     shard_dir = Path(shard_dir)
-    progress = progress or Progress(enabled=False)
     report = VerifyReport(shard_dir)
     if not shard_dir.is_dir():
         report.add(f"{shard_dir}: shard directory does not exist")
@@ -159,7 +158,7 @@ def verify_shard_dir(shard_dir: str | Path, progress: Progress | None = None) ->
     blocks: dict[int, dict[int, sp.csr_matrix]] = {}
     total_nnz = 0
     cross_nnz = 0
-    with progress.counter(f"verifying {num_clients} shards", num_clients) as count:
+    with bar(f"verifying {num_clients} shards", num_clients, show_progress) as count:
         for client in range(num_clients):
             count.update(0)
             path = shard_dir / shard_format.shard_filename(client)
@@ -219,7 +218,7 @@ def verify_shard_dir(shard_dir: str | Path, progress: Progress | None = None) ->
         if missing.size and all_read:
             report.add(f"{shard_dir}: {missing.size} node ids of 0..{n - 1} belong to no client "
                        f"({_quote_ids(missing)})")
-    with progress.step("verifying A_ij == A_ji^T for every pair of clients"):
+    with stage("verifying A_ij == A_ji^T for every pair of clients", show_progress):
         _check_transposes(blocks, shard_dir, report)
     if all_read:
         num_edges = raw.get("num_edges")

@@ -18,12 +18,13 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from mpifgl import shards as shard_format
-from mpifgl.ownership import owner_tag, remove_dead_owners
+from fgl_common import shard_format
+from fgl_common.ownership import owner_tag, remove_dead_owners
 
 from .graph import GraphData
 from .partition import Partition
-from .progress import Progress
+from .progress import bar
+from .verify import verify_shard_dir
 
 MANIFEST_NAME = shard_format.MANIFEST_NAME
 
@@ -78,7 +79,8 @@ def client_blocks(adjacency: sp.csr_matrix, nodes: np.ndarray, assignment: np.nd
 
 
 def write_shards(graph: GraphData, partition: Partition, directory: Path,
-                 manifest_extra: dict[str, Any], seed: int, progress: Progress) -> dict[str, Any]:
+                 manifest_extra: dict[str, Any], seed: int, show_progress: bool = False
+                 ) -> dict[str, Any]:
     """Write client_{i}.h5 for every client and manifest.json into ``directory``; return the
     manifest."""
     m = partition.num_clients
@@ -89,7 +91,7 @@ def write_shards(graph: GraphData, partition: Partition, directory: Path,
         local_index[assignment == client] = np.arange(sizes[client])
     degree = np.diff(graph.adjacency.indptr).astype(np.int64)
     clients = []
-    with progress.counter(f"writing {m} shards", m) as count:
+    with bar(f"writing {m} shards", m, show_progress) as count:
         for client in range(m):
             nodes = np.flatnonzero(assignment == client)
             blocks = client_blocks(graph.adjacency, nodes, assignment, local_index, sizes)
@@ -143,11 +145,9 @@ def write_shards(graph: GraphData, partition: Partition, directory: Path,
 
 
 def write_shard_directory(graph: GraphData, partition: Partition, target: Path, force: bool,
-                          manifest_extra: dict[str, Any], seed: int, progress: Progress
-                          ) -> dict[str, Any]:
+                          manifest_extra: dict[str, Any], seed: int,
+                          show_progress: bool = False) -> dict[str, Any]:
     """Write, verify and install the shard directory ``target``; see the module docstring."""
-    from .verify import verify_shard_dir  # verify imports nothing from here; keeps layers clear
-
     target = Path(target)
     check_output_target(target, force)
     for kind in ("partial", "old"):  # left by a killed run
@@ -155,8 +155,8 @@ def write_shard_directory(graph: GraphData, partition: Partition, target: Path, 
     scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-{owner_tag()}-",
                                     dir=target.parent))
     try:
-        manifest = write_shards(graph, partition, scratch, manifest_extra, seed, progress)
-        report = verify_shard_dir(scratch, progress=progress)
+        manifest = write_shards(graph, partition, scratch, manifest_extra, seed, show_progress)
+        report = verify_shard_dir(scratch, show_progress=show_progress)
         if not report.ok:
             raise RuntimeError("internal error: the shards just written fail verification:\n  "
                                + "\n  ".join(report.problems))

@@ -134,11 +134,11 @@ check_data_prep_vars() {
 
 # default_shard_dir SEEDVAR: print the default shard directory for DATASET, PARTITION,
 # NUM_CLIENTS and the seed in the variable SEEDVAR, relative to the repository root. Python
-# computes it (mpifgl.shards.default_shard_dir), so data_prep, mpifgl.train and the scripts share
+# computes it (fgl_common.shard_format.default_shard_dir), so data_prep, mpifgl.train and the scripts share
 # one name (after check_venv).
 default_shard_dir() {
   (cd "$MPIFGL_HOME" && "$PYTHON" -c 'import sys
-from mpifgl.shards import default_shard_dir
+from fgl_common.shard_format import default_shard_dir
 print(default_shard_dir(sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])))' \
     "$DATASET" "$NUM_CLIENTS" "$PARTITION" "${!1}") \
     || die "cannot compute the default SHARD_DIR with $PYTHON; set SHARD_DIR"
@@ -210,11 +210,17 @@ mpi_launch_argv() {
   fi
 }
 
-# mpirun_env: the allocation (or a laptop) may have fewer real cores than ranks, so let Open MPI
-# oversubscribe; Open MPI also refuses to run as root unless told. Printed like commands.
+# mpirun_env: export the Open MPI launch environment (fgl_common/launch.py: oversubscription, and
+# running as root when we are root; a value already set wins), printed like commands. Run from
+# the repository so python finds fgl_common even before the checkout is installed.
 mpirun_env() {
-  run_export "PRTE_MCA_rmaps_default_mapping_policy=${PRTE_MCA_rmaps_default_mapping_policy:-:oversubscribe}"
-  if [ "$(id -u)" = 0 ]; then
-    run_export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-  fi
+  local exports line
+  exports=$(cd "$MPIFGL_HOME" && "$PYTHON" -m fgl_common.launch --shell) \
+    || die "cannot read the MPI launch environment with $PYTHON -m fgl_common.launch --shell"
+  while IFS= read -r line; do
+    [ -n "$line" ] || continue
+    local -a assignments
+    eval "assignments=(${line#export })"  # the values are shell-quoted by fgl_common.launch
+    run_export "${assignments[@]}"
+  done <<< "$exports"
 }

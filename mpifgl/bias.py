@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from mpifgl.shards import ShardError, load_client_shard, read_manifest, shard_filename
+from fgl_common.shard_format import ShardError, load_client_shard, read_manifest, shard_filename
 
 
 class BiasError(ValueError):

@@ -16,33 +16,19 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
-import torch
 
-# Open MPI only (MPICH ignores it), read when mpi4py initialises MPI just below: the non-blocking
-# reduce's algorithm. With 9 ranks on 2 cores a binomial tree took 3.2-3.5 ms for one sampled
-# layer-1 exchange on amazon-computers (Reduce + Scatterv of 3,047 x 128 float32) where Open
-# MPI's own choice took 4.9-5.7 ms; an epoch of 8 clients: 0.354 s against 0.381 s, mean of 8
-# interleaved pairs. A value set in the environment wins.
-os.environ.setdefault("OMPI_MCA_coll_libnbc_ireduce_algorithm", "binomial")
-# The same for the broadcast of the summed gradients (400 KB on amazon-computers): linear, every
-# client reads the server's buffer directly (one level; Open MPI copies shared-memory messages
-# this size once, by the receiver). Clients waited 2.1 ms for it, against 5-6.4 ms with Open
-# MPI's own choice and 6.0 ms with a binomial tree (9 ranks, 2 cores, all ranks present).
-os.environ.setdefault("OMPI_MCA_coll_libnbc_ibcast_algorithm", "linear")
+from fgl_common.launch import RUNTIME_TUNING
+
+# Open MPI reads these when mpi4py initialises MPI just below (MPICH ignores them): the
+# non-blocking reduce / broadcast algorithms of the exchange (docs/training.md); environment wins.
+for _name, _value in RUNTIME_TUNING.items():
+    os.environ.setdefault(_name, _value)
 
 from mpi4py import MPI  # noqa: E402
 
-SERVER_RANK = 0
+from mpifgl.communicator import SERVER_RANK, client_of_rank  # noqa: E402
+
 ABORT_PAUSE_SECONDS = 0.2
-
-
-def client_of_rank(rank: int) -> int:
-    """Client id served by an MPI rank (-1 for the server)."""
-    return rank - 1
-
-
-def rank_of_client(client_id: int) -> int:
-    return client_id + 1
 
 
 _MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE,
@@ -66,20 +52,23 @@ def _displacements(counts: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
 
 
-class Communicator:
-    """A thin, counted wrapper around one MPI communicator.
+class MPICommunicator:
+    """``mpifgl.communicator.Communicator`` over one MPI communicator, counted.
 
-    The hot-loop collectives are started non-blocking and waited on at once. Same result, but
-    Open MPI then runs its libnbc algorithms instead of the blocking "tuned" ones: with 9 ranks
-    on 2 cores, Reduce + Scatterv of a 3,047 x 128 float32 buffer took 7.7 ms instead of 13.6 ms
-    (benchmarks/bench_train.py measures the whole epoch)."""
+    The hot-loop collectives are started non-blocking and waited on at once: same result, but
+    Open MPI then runs its faster libnbc algorithms instead of the blocking "tuned" ones
+    (docs/training.md; benchmarks/bench_train.py measures the whole epoch)."""
+
+    is_single_process = False  # even at size 1: rank 0 is then a server without clients
 
     def __init__(self, comm: "MPI.Comm | None" = None):
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self.client_id = client_of_rank(self.rank)
+        self.num_clients = self.size - 1
         self.is_server = self.rank == SERVER_RANK
+        self.is_client = not self.is_server
         self.reset_counters()
 
     # -- accounting ------------------------------------------------------------------------
@@ -285,5 +274,5 @@ class Communicator:
         self.comm.Abort(code)
 
 
-def world() -> Communicator:
-    return Communicator(MPI.COMM_WORLD)
+def world() -> MPICommunicator:
+    return MPICommunicator(MPI.COMM_WORLD)

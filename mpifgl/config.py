@@ -8,101 +8,100 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any
 
-from mpifgl.secure import check_secure_config
+from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option
 
 ALGOS = ("ours", "centralized", "graphsage", "graphsaint", "fedavg", "fedavg-nc", "bns")
 BACKBONES = ("gcn", "1gnn")
 SAMPLINGS = ("label", "uniform", "none")
 DTYPES = ("float32", "float64")
-
-
-def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
-    return field(default=default, metadata={"help": help, "choices": choices})
+# --secure masks the compact exchange of the distributed GNN (docs/privacy.md says why no other)
+SECURE_ALGOS = ("ours", "bns")
+SECURE_EXCHANGES = ("compact",)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     # Data and outputs
-    shards: str = _opt("", "shard directory written by `python -m data_prep`; empty: the default "
-                           "dataset's shards under shards/, prepared first if missing")
-    out: str = _opt("", "run directory to create; empty: runs/<dataset>-<algo>-<time>")
-    dataset: str = _opt("cora", "dataset prepared when --shards is empty (default run only)")
-    data_root: str = _opt("", "raw data root for that preparation; empty: data_prep's default "
-                              "(../shared/data beside the checkout, else the download cache)")
-    force: bool = _opt(False, "allow --out to name an existing non-empty run directory")
+    shards: str = option("", "shard directory written by `python -m data_prep`; empty: the default "
+                             "dataset's shards under shards/, prepared first if missing")
+    out: str = option("", "run directory to create; empty: runs/<dataset>-<algo>-<time>")
+    dataset: str = option("cora", "dataset prepared when --shards is empty (default run only)")
+    data_root: str = option("", "raw data root for that preparation; empty: data_prep's default "
+                                "(../shared/data beside the checkout, else the download cache)")
+    force: bool = option(False, "allow --out to name an existing non-empty run directory")
     # Method
-    algo: str = _opt("ours", "ours = distributed model over MPI; centralized = same model code on "
-                             "the whole graph in one process (the reference); baselines: "
-                             "graphsage, graphsaint (centralized), fedavg, fedavg-nc, bns "
-                             "(over MPI); see docs/algorithms.md", ALGOS)
-    backbone: str = _opt("gcn", "gcn (Kipf & Welling) or 1gnn (Morris et al., PyG GraphConv)",
-                         BACKBONES)
-    layers: int = _opt(2, "number of graph layers (paper: 2 on PubMed)")
-    hidden: int = _opt(128, "hidden width (paper: 128)")
-    dropout: float = _opt(0.2, "dropout on every layer's input (paper: 0.2)")
-    lr: float = _opt(0.01, "Adam learning rate (paper searches 0.1, 0.01, 0.001)")
-    weight_decay: float = _opt(0.0, "Adam weight decay (L2)")
-    epochs: int = _opt(200, "training epochs (paper: 200 on PubMed and Reddit)")
+    algo: str = option("ours", "ours = distributed model over MPI; centralized = same model code "
+                               "on the whole graph in one process (the reference); baselines: "
+                               "graphsage, graphsaint (centralized), fedavg, fedavg-nc, bns "
+                               "(over MPI); see docs/algorithms.md", ALGOS)
+    backbone: str = option("gcn", "gcn (Kipf & Welling) or 1gnn (Morris et al., PyG GraphConv)",
+                           BACKBONES)
+    layers: int = option(2, "number of graph layers (paper: 2 on PubMed)")
+    hidden: int = option(128, "hidden width (paper: 128)")
+    dropout: float = option(0.2, "dropout on every layer's input (paper: 0.2)")
+    lr: float = option(0.01, "Adam learning rate (paper searches 0.1, 0.01, 0.001)")
+    weight_decay: float = option(0.0, "Adam weight decay (L2)")
+    epochs: int = option(200, "training epochs (paper: 200 on PubMed and Reddit)")
     # Sampling (paper section 2.2)
-    sampling: str = _opt("label", "label = label-guided (ours); uniform = same estimator with "
-                                  "uniform Q; none = full graph every step (ours-full; the "
-                                  "default of --algo centralized)", SAMPLINGS)
-    sample_size: int = _opt(0, "draws s per step over all clients, split s_i = n_i s / n; "
-                               "0: a quarter of the nodes, rounded up (so 4 steps make a pass)")
-    no_normalize: bool = _opt(False, "drop the 1/p(u) normalisation (the ablation ours*)")
-    exchange: str = _opt("compact", "how the server sums the cross-client terms: compact = each "
-                                    "client sends only its non-zero rows (ids once per sample), "
-                                    "summed at the server (Gatherv); compact-reduce = the same "
-                                    "rows summed by MPI_Reduce over the rows any client touches "
-                                    "(partial sums may be added on other client ranks); reduce "
-                                    "= MPI_Reduce of a dense buffer of every sampled row; star = "
-                                    "dense buffers gathered and summed at the server only. See "
-                                    "docs/training.md",
-                         ("compact", "compact-reduce", "reduce", "star"))
-    exchange_buffer_mb: float = _opt(64.0, "most MB of exchange buffers a rank holds at once: "
-                                            "larger exchanges run in chunks of rows (a chunk "
-                                            "holds at least one row)")
-    secure: bool = _opt(False, "mask every value the server or a relaying rank handles: "
-                               "cross-client terms, weight gradients, loss and counts travel "
-                               "as fixed-point words plus pairwise keystreams (X25519 + ChaCha20, "
-                               "fresh keys per run, never written); --exchange compact and "
-                               "--algo ours or bns only. See docs/privacy.md")
-    steps_per_epoch: int = _opt(0, "optimizer steps per epoch, each on a fresh sample of "
-                                   "--sample-size draws (the paper's step length); 0: one pass "
-                                   "over the nodes per epoch, ceil(n / s - 1e-6) steps (4 at the "
-                                   "default s = ceil(n/4)), and 1 step without node sampling or "
-                                   "for the baselines")
+    sampling: str = option("label", "label = label-guided (ours); uniform = same estimator with "
+                                    "uniform Q; none = full graph every step (ours-full; the "
+                                    "default of --algo centralized)", SAMPLINGS)
+    sample_size: int = option(0, "draws s per step over all clients, split s_i = n_i s / n; "
+                                 "0: a quarter of the nodes, rounded up (so 4 steps make a pass)")
+    no_normalize: bool = option(False, "drop the 1/p(u) normalisation (the ablation ours*)")
+    exchange: str = option("compact", "how the server sums the cross-client terms: compact = each "
+                                      "client sends only its non-zero rows (ids once per sample), "
+                                      "summed at the server (Gatherv); compact-reduce = the same "
+                                      "rows summed by MPI_Reduce over the rows any client touches "
+                                      "(partial sums may be added on other client ranks); reduce "
+                                      "= MPI_Reduce of a dense buffer of every sampled row; star = "
+                                      "dense buffers gathered and summed at the server only. See "
+                                      "docs/training.md",
+                           ("compact", "compact-reduce", "reduce", "star"))
+    exchange_buffer_mb: float = option(64.0, "most MB of exchange buffers a rank holds at once: "
+                                              "larger exchanges run in chunks of rows (a chunk "
+                                              "holds at least one row)")
+    secure: bool = option(False, "mask every value the server or a relaying rank handles: "
+                                 "cross-client terms, weight gradients, loss and counts travel "
+                                 "as fixed-point words plus pairwise keystreams (X25519 + "
+                                 "ChaCha20, fresh keys per run, never written); --exchange "
+                                 "compact and --algo ours or bns only. See docs/privacy.md")
+    steps_per_epoch: int = option(0, "optimizer steps per epoch, each on a fresh sample of "
+                                     "--sample-size draws (the paper's step length); 0: one pass "
+                                     "over the nodes per epoch, ceil(n / s - 1e-6) steps (4 at the "
+                                     "default s = ceil(n/4)), and 1 step without node sampling or "
+                                     "for the baselines")
     # Baselines (docs/algorithms.md)
-    local_epochs: int = _opt(1, "fedavg, fedavg-nc: local epochs per round (one round per epoch)")
-    nc_fraction: float = _opt(0.2, "fedavg-nc: fraction of one-hop cross-client neighbours each "
-                                   "client collects (paper: 20%)")
-    boundary_p: float = _opt(0.1, "bns: probability of keeping a boundary node (BNS-GCN's p)")
-    fanouts: str = _opt("25,10", "graphsage: neighbours sampled per layer, comma-separated")
-    batch_size: int = _opt(512, "graphsage: seed nodes per mini-batch; graphsaint: walk roots "
-                                "per subgraph")
-    walk_length: int = _opt(2, "graphsaint: random-walk length")
+    local_epochs: int = option(1, "fedavg, fedavg-nc: local epochs per round (one round per epoch)")
+    nc_fraction: float = option(0.2, "fedavg-nc: fraction of one-hop cross-client neighbours each "
+                                     "client collects (paper: 20%)")
+    boundary_p: float = option(0.1, "bns: probability of keeping a boundary node (BNS-GCN's p)")
+    fanouts: str = option("25,10", "graphsage: neighbours sampled per layer, comma-separated")
+    batch_size: int = option(512, "graphsage: seed nodes per mini-batch; graphsaint: walk roots "
+                                  "per subgraph")
+    walk_length: int = option(2, "graphsaint: random-walk length")
     # Evaluation, reproducibility, outputs
-    eval_every: int = _opt(1, "full-graph evaluation every this many epochs (the last epoch is "
-                              "always evaluated)")
-    seed: int = _opt(0, "seed for weights, sampling and dropout")
-    init_seed: int = _opt(-1, "seed of the initial weights only; -1: --seed (two runs with the "
-                              "same --init-seed and different --seed differ only in their "
-                              "sampling and dropout streams)")
-    dtype: str = _opt("float32", "floating point type of features, weights and messages", DTYPES)
-    feature_format: str = _opt("auto", "input features as dense or sparse matrices; auto: sparse "
-                                       "when at most 10% of entries are non-zero",
-                               ("auto", "dense", "sparse"))
-    save_logits: bool = _opt(False, "write logits.npy [num_nodes, num_classes] in global node "
-                                    "order from the final model")
-    checkpoint_every: int = _opt(0, "write an atomic checkpoint every K epochs (0: never)")
-    resume: str = _opt("", "resume the run in this run directory from its last checkpoint")
-    log_every: int = _opt(1, "print one line every this many epochs on rank 0")
-    verbose: bool = _opt(False, "print the Python traceback with an error message (without it: "
-                                "one line naming the rank, the file and the reason)")
+    eval_every: int = option(1, "full-graph evaluation every this many epochs (the last epoch is "
+                                "always evaluated)")
+    seed: int = option(0, "seed for weights, sampling and dropout")
+    init_seed: int = option(-1, "seed of the initial weights only; -1: --seed (two runs with the "
+                                "same --init-seed and different --seed differ only in their "
+                                "sampling and dropout streams)")
+    dtype: str = option("float32", "floating point type of features, weights and messages", DTYPES)
+    feature_format: str = option("auto", "input features as dense or sparse matrices; auto: sparse "
+                                         "when at most 10% of entries are non-zero",
+                                 ("auto", "dense", "sparse"))
+    save_logits: bool = option(False, "write logits.npy [num_nodes, num_classes] in global node "
+                                      "order from the final model")
+    checkpoint_every: int = option(0, "write an atomic checkpoint every K epochs (0: never)")
+    resume: str = option("", "resume the run in this run directory from its last checkpoint")
+    log_every: int = option(1, "print one line every this many epochs on rank 0")
+    verbose: bool = option(False, "print the Python traceback with an error message (without it: "
+                                  "one line naming the rank, the file and the reason)")
 
     def validate(self) -> None:
         """Raise ValueError naming the flag, the value found and the value expected."""
@@ -122,7 +121,15 @@ class TrainConfig:
              "one epoch; its final.json would otherwise report an untrained model)")
         need(self.exchange_buffer_mb > 0, "exchange-buffer-mb", self.exchange_buffer_mb,
              "a positive number of MB")
-        check_secure_config(self.secure, self.algo, self.exchange)
+        if self.secure and self.algo not in SECURE_ALGOS:
+            raise ValueError(f"--secure with --algo {self.algo!r}: masking protects the "
+                             f"cross-client exchange of {' and '.join(SECURE_ALGOS)}; expected "
+                             f"--algo one of {', '.join(SECURE_ALGOS)} (the others exchange no "
+                             "per-layer terms, or run in one process)")
+        if self.secure and self.exchange not in SECURE_EXCHANGES:
+            raise ValueError(f"--secure with --exchange {self.exchange!r}: expected --exchange "
+                             "compact (the dense and Reduce-tree modes are not masked; "
+                             "docs/privacy.md says why)")
         need(self.sample_size >= 0, "sample-size", self.sample_size, "an integer >= 0")
         need(self.steps_per_epoch >= 0, "steps-per-epoch", self.steps_per_epoch,
              "an integer >= 1, or 0 for one pass over the nodes per epoch")
@@ -172,16 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a GNN over MPI: rank 0 is the server, ranks 1..m serve client_{0..m-1}.h5."
                     " Launch with `mpirun -n M+1 python -m mpifgl.train --shards DIR`.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    hints = get_type_hints(TrainConfig)
-    for f in fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        kind = hints[f.name]
-        help_text = f.metadata["help"].replace("%", "%%")  # argparse formats help with %
-        if kind is bool:
-            parser.add_argument(flag, action="store_true", help=help_text)
-        else:
-            parser.add_argument(flag, type=kind, default=f.default, help=help_text,
-                                choices=f.metadata["choices"])
+    add_dataclass_arguments(parser, TrainConfig)
     return parser
 
 
@@ -198,15 +196,6 @@ PATH_FLAGS = ("shards", "data_root")
 def resolved_path(value: str) -> str:
     """An absolute path with symlinks resolved; empty stays empty (the flag's default)."""
     return str(Path(value).resolve()) if value else value
-
-
-def explicit_flags(argv: list[str] | None) -> set[str]:
-    """Names of the fields given on the command line (not left at their default)."""
-    parser = build_parser()
-    for action in parser._actions:
-        action.default = argparse.SUPPRESS
-    namespace, _ = parser.parse_known_args(argv)
-    return set(vars(namespace))
 
 
 def resumed_config(saved: dict[str, Any], given: TrainConfig, explicit: set[str]) -> TrainConfig:
@@ -226,8 +215,7 @@ def resumed_config(saved: dict[str, Any], given: TrainConfig, explicit: set[str]
 
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
-    args = vars(build_parser().parse_args(argv))
-    return TrainConfig(**args)
+    return dataclass_from_namespace(TrainConfig, build_parser().parse_args(argv))
 
 
 def config_json(config: TrainConfig, **resolved: Any) -> str:

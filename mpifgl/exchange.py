@@ -36,11 +36,12 @@ the ring by the server; each owner removes the masks (mpifgl.secure, docs/privac
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable
 
 import numpy as np
 import torch
 
+from mpifgl.communicator import Communicator
 from mpifgl.graph import CrossExchangePlan, CSRArrays
 from mpifgl.secure import ExchangeMasks, SecureSession, ring_of
 
@@ -49,24 +50,6 @@ COMPACT_MODES = ("compact", "compact-reduce")
 
 # (plan, y [|S_i|, d]) -> this client's cross sum [|S_i|, d]; collective
 ExchangeFn = Callable[[CrossExchangePlan, torch.Tensor], torch.Tensor]
-
-
-class ExchangeComm(Protocol):
-    """The Communicator's part the exchange uses (mpifgl.comm.Communicator implements it)."""
-
-    rank: int
-    size: int
-    is_server: bool
-
-    def counting_exchange(self): ...
-    def allgather_rows(self, row: np.ndarray) -> np.ndarray: ...
-    def gatherv(self, send: np.ndarray, counts: np.ndarray | None) -> np.ndarray | None: ...
-    def scatterv(self, send: np.ndarray | None, counts: np.ndarray | None, receive_count: int,
-                 dtype: np.dtype) -> np.ndarray: ...
-    def reduce_sum(self, buffer: np.ndarray) -> np.ndarray | None: ...
-    def gather_equal(self, send: np.ndarray) -> np.ndarray | None: ...
-    def broadcast_array(self, values: np.ndarray | None) -> np.ndarray: ...
-    def max_to_all(self, values: np.ndarray) -> np.ndarray: ...
 
 
 @dataclass
@@ -116,7 +99,7 @@ class CrossClientExchange:
     ``prepare(plan)`` once per plan (collective), then ``self(plan, y)`` per layer and direction
     (collective; the server passes y of shape [0, d])."""
 
-    def __init__(self, comm: ExchangeComm, mode: str, buffer_bytes: int, max_width: int,
+    def __init__(self, comm: Communicator, mode: str, buffer_bytes: int, max_width: int,
                  dtype: np.dtype, masking: SecureSession | None = None):
         if mode not in MODES:
             raise ValueError(f"--exchange {mode!r}, expected one of {', '.join(MODES)}")

@@ -13,6 +13,8 @@ from __future__ import annotations
 import signal
 from typing import Any, Callable, TypeVar
 
+from mpifgl.communicator import SERVER_RANK, Communicator
+
 T = TypeVar("T")
 
 
@@ -57,7 +59,7 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-def agree(comm: Any, work: Callable[[], T]) -> T:
+def agree(comm: Communicator, work: Callable[[], T]) -> T:
     """Run ``work`` on every rank, then share every rank's failure (one collective); if any rank
     failed, every rank raises the same SetupError. ``comm.agree_on_errors`` lists (rank, client id, message)."""
     error = None
@@ -78,4 +80,4 @@ def agree(comm: Any, work: Callable[[], T]) -> T:
 
 def rank_label(rank: int, client_id: int) -> str:
     """``server (rank 0)`` or ``client 2 (rank 3)``."""
-    return f"server (rank {rank})" if client_id < 0 else f"client {client_id} (rank {rank})"
+    return f"server (rank {rank})" if rank == SERVER_RANK else f"client {client_id} (rank {rank})"

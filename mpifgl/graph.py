@@ -27,7 +27,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from mpifgl.shards import ClientShard, Manifest, load_client_shard, shard_filename
+from fgl_common.shard_format import ClientShard, Manifest, load_client_shard, shard_filename
 
 try:  # the kernel behind scipy's csr_matrix @ dense, without its per-call Python checks
     from scipy.sparse._sparsetools import csr_matvecs as _csr_matvecs
@@ -194,8 +194,8 @@ class CSRArrays:
 
     def matmul(self, dense: np.ndarray) -> np.ndarray:
         """self @ dense for a 2-D array of the data's dtype, by scipy's CSR kernel. Called on a
-        fresh sampled operator six times a step: scipy's csr_matrix constructor and @ cost
-        0.25 ms of Python checks per call around a 0.02-0.15 ms product."""
+        fresh sampled operator six times a step, where the Python checks of scipy's csr_matrix
+        constructor and @ cost more than the product (docs/training.md)."""
         dense = np.ascontiguousarray(dense, dtype=self.data.dtype)
         rows, cols = self.shape
         if _csr_matvecs is None:
@@ -222,10 +222,8 @@ class SparseOperator:
     """A constant sparse matrix with its transpose precomputed, for y -> M y with autograd.
 
     The products run in scipy's CSR kernel (``CSRArrays.matmul``), not torch's sparse CSR
-    matmul: for a sampled send matrix (3,039 x 377, 2,521 entries) times 377 x 128 float32,
-    scipy took 0.11-0.19 ms and torch 0.19-0.27 ms in most processes but 2.6-2.8 ms in others
-    (same matrix, same sizes), a sampled step's largest cost outside the dense products. On
-    the whole amazon-computers graph both take 32-50 ms."""
+    matmul, which is slower on sampled matrices and in some processes much slower for the same
+    matrix (docs/training.md, "One step")."""
 
     def __init__(self, matrix: "sp.csr_matrix | CSRArrays", dtype: torch.dtype,
                  transpose: "CSRArrays | None" = None):
@@ -316,7 +314,7 @@ def build_operator(graph: ClientGraph, backbone: str, samples: list[np.ndarray] 
     the full graph when ``samples`` is None. ``probability`` = p(u) of this client's sampled
     nodes (None: 1). ``exchanged``: build the cross-client plan (False in centralized mode).
     The server (client id -1) gets only its plan's segment sizes: it holds no rows and runs no
-    model, it takes part in the sums (``Trainer._server_exchanges``)."""
+    model, it takes part in the sums (``GNNMethod.server_exchanges``)."""
     own = graph.client_id
     n_i = graph.num_nodes
     if own < 0 and exchanged:

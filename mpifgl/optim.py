@@ -2,9 +2,9 @@
 L2 weight decay added to the gradient), without its start-up cost.
 
 Why not torch.optim.Adam: constructing any ``torch.optim.Optimizer`` imports ``torch._dynamo``
-(sympy, the FX tracer, FSDP, ...): 2.3 s of CPU on an idle core here, 15 s of wall time when 9
-ranks start together on 2 cores, which was most of a short run's wall time. Nothing here needs
-the compiler. ``tests/test_optim.py`` checks bit-identical parameters against torch.optim.Adam.
+(sympy, the FX tracer, FSDP, ...), seconds of start-up per rank that were most of a short run's
+wall time (docs/training.md). Nothing here needs the compiler. ``tests/test_optim.py`` checks
+bit-identical parameters against torch.optim.Adam.
 """
 from __future__ import annotations
 

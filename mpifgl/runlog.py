@@ -26,7 +26,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from mpifgl.ownership import owner_is_dead, this_owner
+from fgl_common.ownership import owner_is_dead, this_owner
 
 CHECKPOINT_NAME = "checkpoint.pt"
 LOCK_NAME = ".lock"
@@ -88,7 +88,7 @@ class RunLock:
     Taking it: the owner record (host, pid, start time, SLURM job) is written to a temp file
     and hard-linked to ``.lock`` (atomic and exclusive, also on NFS), then held with ``flock``
     where the file system supports it. An existing lock is stale, and removed, only when its
-    owner is certainly dead (same host, pid gone or reused: ``mpifgl.ownership``) and nobody
+    owner is certainly dead (same host, pid gone or reused: ``fgl_common.ownership``) and nobody
     holds its flock. A lock from another host is never broken automatically: the refusal names
     it and says how to remove it (docs/reliability.md)."""
 

@@ -38,7 +38,6 @@ import math
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 import numpy as np
 from cryptography.hazmat.primitives import hashes
@@ -46,10 +45,10 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from mpifgl.communicator import Communicator
+
 RING_DTYPES = {np.dtype(np.float32): np.dtype(np.uint32), np.dtype(np.float64): np.dtype(np.uint64)}
 SIGNED = {np.dtype(np.uint32): np.dtype(np.int32), np.dtype(np.uint64): np.dtype(np.int64)}
-SUPPORTED_EXCHANGES = ("compact",)
-SUPPORTED_ALGOS = ("ours", "bns")
 KEY_BYTES = 32
 BLOCK_BYTES = 64  # ChaCha20 block: the keystream's unit of position
 MAX_BLOCKS = 2 ** 32  # ChaCha20's block counter
@@ -58,20 +57,6 @@ EMPTY_EXPONENT = -(2 ** 40)  # the exponent a rank reports when all its terms ar
 
 class FixedPointOverflow(ValueError):
     """A value outside the agreed fixed-point range (or not finite): the sum would wrap."""
-
-
-class SecureComm(Protocol):
-    """The Communicator's part the masking uses (mpifgl.comm.Communicator implements it)."""
-
-    rank: int
-    size: int
-    is_server: bool
-
-    def gather_objects(self, value: Any) -> list[Any] | None: ...
-    def broadcast_object(self, value: Any) -> Any: ...
-    def max_to_all(self, values: np.ndarray) -> np.ndarray: ...
-    def sum_to_all(self, values: np.ndarray) -> np.ndarray: ...
-    def sum_to_server(self, values: np.ndarray) -> np.ndarray | None: ...
 
 
 # -- fixed point ------------------------------------------------------------------------------
@@ -208,7 +193,7 @@ class SecureSession:
         raise TypeError("a SecureSession holds keys and is never pickled")
 
     @classmethod
-    def agree(cls, comm: SecureComm) -> "SecureSession":
+    def agree(cls, comm: Communicator) -> "SecureSession":
         """Collective: fresh X25519 keys per client, public keys and a salt relayed by the
         server, HKDF-derived keys per direction and per pair."""
         num_clients = comm.size - 1
@@ -280,7 +265,7 @@ class SecureSession:
             rows_from.append(np.searchsorted(plan.receive_rows, own_nodes).astype(np.int64))
         return ExchangeMasks(owner_first, rows_from)
 
-    def agree_exponent(self, comm: SecureComm, max_abs: float, ring: np.dtype) -> int:
+    def agree_exponent(self, comm: Communicator, max_abs: float, ring: np.dtype) -> int:
         """Collective: the scale exponent of one masked operation from every rank's max |term|."""
         mine = np.asarray([ceil_exponent(max_abs)], dtype=np.int64)
         return scale_exponent(ring, self.num_clients, int(comm.max_to_all(mine)[0]))
@@ -336,7 +321,7 @@ class SecureSession:
                 encoded -= stream
         return encoded
 
-    def sum_to_all(self, comm: SecureComm, values: np.ndarray,
+    def sum_to_all(self, comm: Communicator, values: np.ndarray,
                    segments: list[int] | None = None) -> np.ndarray:
         """Collective: the sum over ranks of a 1-D float vector (one scale per segment of
         ``segments`` lengths, default one) or int64 vector (exact, in Z_2^64), identical on
@@ -358,25 +343,10 @@ class SecureSession:
         return np.concatenate([decode(total[a:b], e, values.dtype)
                                for a, b, e in zip(bounds[:-1], bounds[1:], scales)])
 
-    def sum_to_server(self, comm: SecureComm, counts: np.ndarray) -> np.ndarray | None:
+    def sum_to_server(self, comm: Communicator, counts: np.ndarray) -> np.ndarray | None:
         """Collective: the sum of integer-valued float64 counts at the server (None
         elsewhere), masked like ``sum_to_all``."""
         counter = self.next_counter()
         encoded = np.rint(np.asarray(counts, dtype=np.float64)).astype(np.int64).view(np.uint64)
         total = comm.sum_to_server(self._zero_sum_mask(encoded.copy(), counter))
         return None if total is None else total.view(np.int64).astype(np.float64)
-
-
-def check_secure_config(secure: bool, algo: str, exchange: str) -> None:
-    """--secure is implemented for the compact exchange of the distributed model only."""
-    if not secure:
-        return
-    if algo not in SUPPORTED_ALGOS:
-        raise ValueError(f"--secure with --algo {algo!r}: masking protects the cross-client "
-                         f"exchange of {' and '.join(SUPPORTED_ALGOS)}; expected --algo one of "
-                         f"{', '.join(SUPPORTED_ALGOS)} (the others exchange no per-layer terms, "
-                         "or run in one process)")
-    if exchange not in SUPPORTED_EXCHANGES:
-        raise ValueError(f"--secure with --exchange {exchange!r}: expected --exchange compact "
-                         "(the dense and Reduce-tree modes are not masked; docs/privacy.md says "
-                         "why)")

@@ -12,25 +12,29 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
-from mpifgl.algorithms import get_algorithm
-from mpifgl.config import TrainConfig, build_parser, explicit_flags, resolved_path, resumed_config
+from fgl_common.cli import dataclass_from_namespace, explicit_dests
+from fgl_common.shard_format import (MANIFEST_NAME, ShardError, check_shard_against_manifest,
+                                     default_shard_dir, file_sha256, load_client_shard,
+                                     read_manifest, shard_filename)
+from mpifgl.communicator import Communicator, LocalComm
+from mpifgl.config import TrainConfig, build_parser, resolved_path, resumed_config
 from mpifgl.failures import (Interrupted, SetupError, agree, describe, exit_status,
                              install_signal_handlers, rank_label)
 from mpifgl.graph import ClientGraph
+from mpifgl.methods import build_trainer, get_method
 from mpifgl.runlog import (CHECKPOINT_NAME, RunDirectory, claim_run_dir, default_run_dir,
                            load_checkpoint)
-from mpifgl.shards import (ShardError, check_shard_against_manifest, default_shard_dir,
-                           file_sha256, load_client_shard, read_manifest, shard_filename)
-from mpifgl.trainer import LocalComm, Trainer
+from mpifgl.trainer import Trainer
 
 log = logging.getLogger("mpifgl")
 PROG = "mpifgl.train"
@@ -96,7 +100,7 @@ def parse_args(argv: list[str] | None, quiet: bool) -> TrainConfig:
     if quiet:  # only rank 0 prints usage errors
         parser.print_usage = lambda *a, **k: None  # type: ignore[method-assign]
         parser._print_message = lambda *a, **k: None  # type: ignore[method-assign]
-    config = TrainConfig(**vars(parser.parse_args(argv)))
+    config = dataclass_from_namespace(TrainConfig, parser.parse_args(argv))
     try:
         config.validate()
     except ValueError as exc:
@@ -108,13 +112,28 @@ def parse_args(argv: list[str] | None, quiet: bool) -> TrainConfig:
 
 
 def prepare_default_shards(config: TrainConfig, shard_dir: Path, num_clients: int) -> None:
-    from data_prep.api import prepare_shards  # only the default run needs data_prep
+    """Run ``python -m data_prep`` for the default run's shards: data preparation is a program
+    of its own, which training never imports. Shards another job installed meanwhile (it won
+    the race for the same directory) count as prepared; read_manifest and the checksums check
+    them like any others."""
     log.warning("no --shards given: preparing %s with %d clients in %s (once)", config.dataset,
                 num_clients, shard_dir)
-    prepare_shards(config.dataset, num_clients, "random", 0, config.data_root or None, shard_dir)
+    command = [sys.executable, "-m", "data_prep", "--dataset", config.dataset,
+               "--num-clients", str(num_clients), "--partition", "random", "--seed", "0",
+               "--out", str(shard_dir), "--quiet"]
+    if config.data_root:
+        command += ["--data-root", config.data_root]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode == 0 or (shard_dir / MANIFEST_NAME).is_file():
+        return
+    error = done.stderr.strip()
+    marker = "data_prep: error: "
+    reason = error[error.rindex(marker) + len(marker):] if marker in error else \
+        (error.splitlines() or [f"exit status {done.returncode}"])[-1]
+    raise ValueError(f"preparing the default shards in {shard_dir} failed: {reason}")
 
 
-def resolve_shards(config: TrainConfig, comm: Any, num_clients: int) -> TrainConfig:
+def resolve_shards(config: TrainConfig, comm: Communicator, num_clients: int) -> TrainConfig:
     """The shard directory every rank will read; the server prepares the default one if needed."""
     if config.shards:
         return config
@@ -122,23 +141,23 @@ def resolve_shards(config: TrainConfig, comm: Any, num_clients: int) -> TrainCon
 
     def prepare() -> None:
         try:
-            if comm.is_server and not (shard_dir / "manifest.json").is_file():
+            if comm.is_server and not (shard_dir / MANIFEST_NAME).is_file():
                 prepare_default_shards(config, shard_dir, num_clients)
         finally:  # clients sleep in this barrier while the server prepares, failing or not
-            if not isinstance(comm, LocalComm):
-                comm.wait_for_server()
+            comm.wait_for_server()
     agree(comm, prepare)
     return config.replace(shards=str(shard_dir))
 
 
-def load_rank_graph(config: TrainConfig, comm: Any, manifest) -> ClientGraph:
-    """The server gets an empty graph (it opens no shard); a client loads and checks its own."""
+def load_rank_graph(config: TrainConfig, comm: Communicator, manifest) -> ClientGraph:
+    """One process: every shard, merged. MPI: the server gets an empty graph (it opens no shard);
+    a client loads and checks its own."""
     sizes = manifest.client_sizes()
-    if comm.is_server and not isinstance(comm, LocalComm):
-        return ClientGraph.empty(sizes, manifest.num_features)
-    if isinstance(comm, LocalComm):
+    if comm.is_single_process:
         shards = [load_checked_shard(config, manifest, i) for i in range(manifest.num_clients)]
         return ClientGraph.merged(shards)
+    if not comm.is_client:
+        return ClientGraph.empty(sizes, manifest.num_features)
     return ClientGraph.from_shard(load_checked_shard(config, manifest, comm.client_id), sizes)
 
 
@@ -157,25 +176,26 @@ def load_checked_shard(config: TrainConfig, manifest, client_id: int):
     return shard
 
 
-def check_world_size(comm: Any, manifest, shards: str) -> None:
-    if not isinstance(comm, LocalComm) and comm.size != manifest.num_clients + 1:
+def check_world_size(comm: Communicator, manifest, shards: str) -> None:
+    if not comm.is_single_process and comm.num_clients != manifest.num_clients:
         raise SetupError(f"world size {comm.size} != 1 server + {manifest.num_clients} clients "
                          f"(manifest {Path(shards) / 'manifest.json'}); launch with "
                          f"mpirun -n {manifest.num_clients + 1}")
 
 
-def set_up(config: TrainConfig, comm: Any, progress: RankProgress,
-           explicit: set[str] = frozenset()) -> tuple["Trainer", TrainConfig]:
+def set_up(config: TrainConfig, comm: Communicator, progress: RankProgress,
+           explicit: set[str] = frozenset()) -> tuple[Trainer, TrainConfig]:
     """Everything before the first training step. Every input check is an agreement point
     (``agree``): a finding on any rank raises the same SetupError on every rank."""
-    distributed = not isinstance(comm, LocalComm)
     checkpoint = None
     if config.resume:
         checkpoint = agree(comm, lambda: load_checkpoint(config.resume) if comm.is_server else None)
         saved = comm.broadcast_object(checkpoint["config"] if checkpoint else None)
         given = config
         config = agree(comm, lambda: resumed_config(saved, given, explicit))
-    config = resolve_shards(config, comm, max(1, comm.size - 1) if distributed else 8)
+    # one process prepares the default shards with the paper's 8 clients
+    config = resolve_shards(config, comm,
+                            8 if comm.is_single_process else max(1, comm.num_clients))
 
     def read_checked_manifest():
         manifest = read_manifest(config.shards)
@@ -194,7 +214,7 @@ def set_up(config: TrainConfig, comm: Any, progress: RankProgress,
         config = config.replace(out=str(default_run_dir(manifest.dataset, config.algo)))
     if comm.is_server:
         config = config.replace(out=os.path.abspath(config.out))
-    config = comm.broadcast_object(config) if distributed else config
+    config = comm.broadcast_object(config)
     progress.config = config
     progress.phase = "while taking the run directory and loading the shards"
 
@@ -212,8 +232,7 @@ def set_up(config: TrainConfig, comm: Any, progress: RankProgress,
                 "num_clients": manifest.num_clients, "num_nodes": manifest.num_nodes,
                 "backbone": config.backbone, "sampling": config.sampling,
                 "world_size": comm.size, "shards": config.shards}
-    trainer_class = get_algorithm(config.algo).trainer_class()
-    trainer = trainer_class(config, comm, graph, manifest.num_classes, run_dir, run_info)
+    trainer = build_trainer(config, comm, graph, manifest.num_classes, run_dir, run_info)
     if config.resume:
         trainer.load_checkpoint(checkpoint)
         if run_dir is not None:
@@ -230,11 +249,12 @@ def set_up(config: TrainConfig, comm: Any, progress: RankProgress,
     return trainer, config
 
 
-def train(config: TrainConfig, comm: Any, progress: RankProgress, explicit: set[str]) -> int:
+def train(config: TrainConfig, comm: Communicator, progress: RankProgress,
+          explicit: set[str]) -> int:
     """Set up, train, write the outputs; the rank body that ``run_rank`` guards."""
     trainer, config = set_up(config, comm, progress, explicit)
-    where = (f"over {comm.size - 1} clients" if not isinstance(comm, LocalComm)
-             else f"({trainer.graph.num_nodes} nodes)")
+    where = (f"({trainer.graph.num_nodes} nodes)" if comm.is_single_process
+             else f"over {comm.num_clients} clients")
     keep = (f"checkpoint every {config.checkpoint_every} epochs, --resume {config.out} continues"
             if config.checkpoint_every else "no checkpoints (--checkpoint-every K to resume "
                                             "after an interruption)")
@@ -249,11 +269,10 @@ def train(config: TrainConfig, comm: Any, progress: RankProgress, explicit: set[
     return 0
 
 
-def run_rank(comm: Any, progress: RankProgress, body: Callable[[], int]) -> int:
+def run_rank(comm: Communicator, progress: RankProgress, body: Callable[[], int]) -> int:
     """The one failure rule of every rank (module docstring): agreed set-up errors are printed
     by rank 0 and end every rank normally; anything else is printed by this rank and ends the
     whole job (``comm.abort``; in one process, the exit status)."""
-    distributed = not isinstance(comm, LocalComm)
     try:
         return body()
     except SetupError as exc:
@@ -264,13 +283,13 @@ def run_rank(comm: Any, progress: RankProgress, body: Callable[[], int]) -> int:
         return INPUT_ERROR
     except BaseException as exc:  # noqa: B036 - any failure must end the job, not hang it
         status = exit_status(exc)
-        if isinstance(exc, Interrupted) and distributed:
+        if isinstance(exc, Interrupted) and not comm.is_single_process:
             # A signal to every rank (srun, scancel) must give one report: the lowest rank
             # that handles it reports, and its abort ends the others while they still wait.
             time.sleep(INTERRUPT_REPORT_STAGGER * comm.rank)
         if progress.config.verbose:
             traceback.print_exc()
-        who = f" on {rank_label(comm.rank, comm.client_id)}" if distributed else ""
+        who = "" if comm.is_single_process else f" on {rank_label(comm.rank, comm.client_id)}"
         if isinstance(exc, Interrupted):
             message = f"interrupted by {exc}{who} {progress.where()}"
         else:
@@ -278,8 +297,8 @@ def run_rank(comm: Any, progress: RankProgress, body: Callable[[], int]) -> int:
         print(f"{PROG}: {message}{progress.resume_hint(comm.size)}", file=sys.stderr, flush=True)
         if progress.run_dir is not None:
             progress.run_dir.release()
-        if distributed:
-            comm.abort(status)
+        if not comm.is_single_process:
+            comm.abort(status)  # one process returns its status instead (tests call main)
         return status
 
 
@@ -314,10 +333,10 @@ def run_distributed(config: TrainConfig, explicit: set[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv, quiet=launcher_rank() != 0)
-    explicit = explicit_flags(argv if argv is not None else sys.argv[1:])
-    algorithm = get_algorithm(config.algo)
-    config = algorithm.with_defaults(config, explicit)
-    if not algorithm.distributed:
+    explicit = explicit_dests(build_parser(), argv if argv is not None else sys.argv[1:])
+    method = get_method(config.algo)
+    config = method.with_defaults(config, explicit)
+    if not method.distributed:
         return run_centralized(config, explicit)
     return run_distributed(config, explicit)
 

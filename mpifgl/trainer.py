@@ -1,13 +1,13 @@
-"""The training loop. One Trainer per rank; every rank runs the same phases in the same order,
-so every collective is matched (the server runs them on a graph with no nodes).
+"""The run loop every method shares. One Trainer per rank; every rank runs the same phases in the
+same order, so every collective is matched.
 
-Phases of one step: sample -> forward (one cross-client exchange per layer) -> loss ->
-backward (the same exchange per layer, with gradients) -> gradient sum -> optimizer step.
-Then per epoch: evaluate (full-graph forward) -> log -> checkpoint.
+Per epoch: ``steps_per_epoch`` training steps (the method's: ``mpifgl.methods``) -> evaluate
+(the method's logits of this rank's own nodes, micro-F1 counted at the server) -> log ->
+checkpoint. At the end: model.pt, logits.npy (optional) and final.json.
 
-Loss weighting: the loss is the sum of cross-entropies over the training nodes in the step's
-rows (all nodes, or the sample), divided by the GLOBAL number of such nodes. Without sampling this
-is exactly the centralized mean cross-entropy, so gradients match centralized training.
+A method is built from a ``RankSetup`` (what every method starts from: config, communicator,
+graph, global split counts, the rank's random streams) and brings only what it uses: its model,
+optimizer and step (``TrainingMethod``).
 """
 from __future__ import annotations
 
@@ -15,21 +15,18 @@ import logging
 import resource
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from mpifgl.communicator import Communicator
 from mpifgl.config import TrainConfig
-from mpifgl.exchange import CrossClientExchange
-from mpifgl.graph import ClientGraph, CrossExchangePlan, LayerOperator, build_operator, numpy_dtype
-from mpifgl.model import GNN, flat_grads, make_features, select_rows, set_flat_grads
+from mpifgl.graph import ClientGraph
 from mpifgl.optim import Adam
 from mpifgl.runlog import CHECKPOINT_NAME, RunDirectory
+from mpifgl.sampling import group_counts, node_groups
 from mpifgl.secure import SecureSession
-from mpifgl.sampling import (NodeSample, NodeSampler, client_sample_sizes, group_counts, make_distribution,
-                             node_groups, steps_for_sample)
 
 log = logging.getLogger("mpifgl")
 SPLITS = ("train", "val", "test")
@@ -42,41 +39,69 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-class LocalComm:
-    """The Communicator interface for one process holding the whole graph (centralized mode)."""
+@dataclass
+class RankSetup:
+    """What every method of a rank starts from. ``create`` is collective (one sum over ranks)."""
 
-    rank, size, client_id, is_server = 0, 1, 0, True
-    seconds, bytes_sent, bytes_received = 0.0, 0, 0
-    exchange_bytes_sent, exchange_bytes_received = 0, 0
+    config: TrainConfig
+    comm: Communicator
+    graph: ClientGraph
+    num_classes: int
+    dtype: torch.dtype
+    y: torch.Tensor  # int64 [n_i]
+    masks: dict[str, np.ndarray]  # split -> bool [n_i]
+    groups: np.ndarray  # int64 [n_i]: each node's sampling group (label of a training node)
+    global_group_counts: np.ndarray  # int64 [C + 1]: nodes per group over all clients
+    global_split_counts: dict[str, int]  # split -> nodes over all clients
+    # Independent, reproducible streams per rank for sampling and dropout (saved in checkpoints).
+    sample_rng: np.random.Generator
+    dropout_rng: np.random.Generator
+    # --secure: this run's keys (agreed in create, held in memory only); None without masking
+    secure: SecureSession | None = None
 
-    def reset_counters(self) -> None:
-        pass
+    @classmethod
+    def create(cls, config: TrainConfig, comm: Communicator, graph: ClientGraph,
+               num_classes: int) -> "RankSetup":
+        """One sum over ranks gives the global group counts (for the sampler) and split sizes;
+        with --secure the keys are agreed first (collective) and the sum is masked."""
+        secure = (SecureSession.agree(comm) if config.secure and not comm.is_single_process
+                  else None)
+        masks = {"train": graph.train_mask, "val": graph.val_mask, "test": graph.test_mask}
+        groups = node_groups(graph.y, graph.train_mask, num_classes)
+        local = np.concatenate([group_counts(groups, num_classes),
+                                [int(masks[s].sum()) for s in SPLITS]]).astype(np.int64)
+        totals = secure.sum_to_all(comm, local) if secure is not None else comm.sum_to_all(local)
+        seeds = np.random.SeedSequence([config.seed, comm.rank]).generate_state(2)
+        return cls(config, comm, graph, num_classes,
+                   torch.float64 if config.dtype == "float64" else torch.float32,
+                   torch.from_numpy(np.asarray(graph.y, dtype=np.int64)), masks, groups,
+                   totals[:num_classes + 1],
+                   dict(zip(SPLITS, (int(v) for v in totals[num_classes + 1:]))),
+                   np.random.default_rng(int(seeds[0])), np.random.default_rng(int(seeds[1])),
+                   secure)
 
-    def sum_to_all(self, values: np.ndarray) -> np.ndarray:
-        return values
 
-    sum_to_server = sum_to_all
+class TrainingMethod(Protocol):
+    """One rank's side of a method (``--algo``): what the run loop calls. ``train_step`` and
+    ``full_logits`` are collective."""
 
-    def gather_rows(self, row: np.ndarray) -> np.ndarray:
-        return np.asarray(row, dtype=np.float64)[None, :]
+    config: TrainConfig  # resolved against the graph (sample size, steps per epoch)
+    model: torch.nn.Module
+    optimizer: Adam
 
-    def allgather_rows(self, row: np.ndarray) -> np.ndarray:
-        return np.asarray(row, dtype=np.int64)[None, :]
+    def train_step(self) -> float:
+        """One optimizer step (or FedAvg round) on every rank; the global loss."""
+        ...
 
-    def gatherv_rows(self, rows: np.ndarray) -> list[np.ndarray]:
-        return [rows]
+    def full_logits(self) -> torch.Tensor:
+        """Logits of this rank's own nodes [n_i, C] for evaluation and --save-logits."""
+        ...
 
-    def broadcast_object(self, value: Any) -> Any:
-        return value
+    def rank_state(self) -> dict[str, Any]:
+        """What this rank adds to a checkpoint besides its random streams (often nothing)."""
+        ...
 
-    def gather_objects(self, value: Any) -> list[Any]:
-        return [value]
-
-    def scatter_objects(self, values: list[Any]) -> Any:
-        return values[0]
-
-    def agree_on_errors(self, error: str | None) -> list[tuple[int, int, str]]:
-        return [(0, 0, error)] if error else []
+    def restore_rank_state(self, state: dict[str, Any]) -> None: ...
 
 
 @dataclass
@@ -95,200 +120,44 @@ class TrainerState:
 
 
 class Trainer:
-    # False for the baselines: they bring their own sampling (or none) and one step per epoch.
-    uses_node_sampler = True
+    """The loop of one rank around one method: epochs, evaluation, metrics, checkpoints and the
+    final outputs (written by the server)."""
 
-    def __init__(self, config: TrainConfig, comm: Any, graph: ClientGraph, num_classes: int,
-                 run_dir: RunDirectory | None, run_info: dict[str, Any] | None = None):
-        self.config = config
-        self.comm = comm
-        self.graph = graph
-        self.num_classes = num_classes
+    def __init__(self, setup: RankSetup, method: TrainingMethod, run_dir: RunDirectory | None,
+                 run_info: dict[str, Any] | None = None):
+        self.setup = setup
+        self.method = method
+        self.comm = setup.comm
+        self.graph = setup.graph
         self.run_dir = run_dir
         self.run_info = run_info or {}
-        self.distributed = not isinstance(comm, LocalComm)
-        # The server of a distributed run: it takes part in every collective, computes nothing.
-        self.serves_no_nodes = self.distributed and graph.client_id < 0
-        self.dtype = torch.float64 if config.dtype == "float64" else torch.float32
-        self.numpy_dtype = numpy_dtype(self.dtype)
-        self.x = make_features(graph.x, self.dtype, config.feature_format)
-        self.y = torch.from_numpy(np.asarray(graph.y, dtype=np.int64))
-        self.masks = {"train": graph.train_mask, "val": graph.val_mask, "test": graph.test_mask}
-        self.model = GNN(config.backbone, graph.x.shape[1], config.hidden, num_classes,
-                         config.layers, config.dropout, config.weight_seed, self.dtype)
-        self.optimizer = Adam(self.model.parameters(), lr=config.lr,
-                                          weight_decay=config.weight_decay)
-        # Independent, reproducible streams per rank for sampling and dropout.
-        seeds = np.random.SeedSequence([config.seed, comm.rank]).generate_state(2)
-        self.sample_rng = np.random.default_rng(int(seeds[0]))
-        self.dropout_rng = np.random.default_rng(int(seeds[1]))
-        # --secure: keys agreed once per run (collective), held in memory only
-        self.secure = (SecureSession.agree(comm) if config.secure and self.distributed
-                       else None)
-        self.exchange = (CrossClientExchange(comm, config.exchange,
-                                             int(config.exchange_buffer_mb * 2 ** 20),
-                                             max(self.model.widths[1:]), self.numpy_dtype,
-                                             self.secure)
-                         if self.distributed else None)
         self.state = TrainerState()
-        self._setup_counts_and_sampler()
-        if self.config.steps_per_epoch == 0:
-            self.config = self.config.replace(steps_per_epoch=self.auto_steps_per_epoch())
-        self.full_operator = self.prepared(build_operator(graph, config.backbone, None, None,
-                                                         self.dtype, exchanged=self.distributed))
 
-    # -- set-up ---------------------------------------------------------------------------------
-    def _setup_counts_and_sampler(self) -> None:
-        """One sum over clients gives the global group counts (for Q) and split sizes."""
-        c = self.num_classes
-        groups = node_groups(self.graph.y, self.graph.train_mask, c)
-        local = np.concatenate([group_counts(groups, c),
-                                [int(self.masks[s].sum()) for s in SPLITS]]).astype(np.int64)
-        totals = (self.secure.sum_to_all(self.comm, local) if self.secure is not None
-                  else self.comm.sum_to_all(local))
-        self.global_group_counts = totals[:c + 1]
-        self.global_split_counts = dict(zip(SPLITS, (int(v) for v in totals[c + 1:])))
-        self.sampler: NodeSampler | None = None
-        self.draws_per_client: np.ndarray | None = None  # s_i; None: no node sampling
-        if self.config.sampling == "none" or not self.uses_node_sampler:
-            return
-        n = int(self.graph.client_sizes.sum())
-        total_draws = self.config.sample_size or max(1, -(-n // 4))
-        self.config = self.config.replace(sample_size=total_draws)  # recorded resolved
-        draws = client_sample_sizes(self.graph.client_sizes, total_draws)
-        if self.graph.client_id >= 0:
-            distribution = make_distribution(self.config.sampling, groups, self.global_group_counts)
-            self.sampler = NodeSampler(distribution, int(draws[self.graph.client_id]),
-                                       self.sample_rng, normalize=not self.config.no_normalize)
-        self.draws_per_client = draws
+    @property
+    def config(self) -> TrainConfig:
+        return self.method.config
 
-    def prepared(self, operator: LayerOperator) -> LayerOperator:
-        """Agree on the operator's exchange chunks with the other ranks (collective: the compact
-        exchanges send their row ids to the server here, once per operator)."""
-        if self.exchange is not None and operator.exchange is not None:
-            self.exchange.prepare(operator.exchange)
-        return operator
-
-    def auto_steps_per_epoch(self) -> int:
-        """``--steps-per-epoch 0``: with node sampling, ceil(n / s - 1e-6) steps (4 at the default
-        s = ceil(n / 4); s = floor(n / 4) can give 5, as n / s = 4.0000016 on ogbn-products), so
-        an epoch draws about n nodes, one pass over the graph as in any mini-batch trainer;
-        without it, one full-graph step. Why several sampled steps rather than one, and why not
-        smaller samples: docs/training.md (steps per epoch). The baselines take 1: their epochs
-        are already passes over their data."""
-        if self.draws_per_client is None:
-            return 1
-        return steps_for_sample(int(self.graph.client_sizes.sum()),
-                                int(self.draws_per_client.sum()))
-
-    def sample_capacity(self) -> int:
-        """The most nodes any client's sample can hold, the same on every rank: s_i draws give at
-        most s_i distinct nodes; another sampler (BNS-GCN) at most the largest client."""
-        if self.draws_per_client is not None:
-            return int(self.draws_per_client.max())
-        return int(self.graph.client_sizes.max())
-
-    # -- one step -------------------------------------------------------------------------------
-    def sample_operator(self) -> tuple[LayerOperator, int]:
-        """Phase 'sample': this step's operator and the global count of training rows in it."""
-        if self.sampler is None and self.config.sampling == "none":
-            return self.full_operator, self.global_split_counts["train"]
-        return self.operator_for_sample(self.sampler.sample() if self.sampler is not None else None)
-
-    def operator_for_sample(self, sample: NodeSample | None) -> tuple[LayerOperator, int]:
-        """Share every client's sample (sorted local index + p(u); None on the server) and build
-        this rank's operator for their union, with the global count of training rows in it.
-        Collective: every rank calls it once per step. Any sampler can feed it (e.g. BNS-GCN)."""
-        index = sample.index if sample is not None else np.zeros(0, dtype=np.int64)
-        probability = sample.probability if sample is not None else np.zeros(0)
-        train_rows = int(self.graph.train_mask[index].sum())
-        # One Allgather of fixed-length rows [size, train rows, index, padding]: with 9 ranks on
-        # 2 cores an Allgatherv of the indices took 4.5-6 ms, an Allgather of small rows 0.7 ms.
-        capacity = self.sample_capacity()
-        if index.shape[0] > capacity:
-            raise ValueError(f"a sample of {index.shape[0]} nodes on client "
-                             f"{self.graph.client_id}, expected at most {capacity}")
-        packed = np.full(2 + capacity, -1, dtype=np.int64)
-        packed[:2] = index.shape[0], train_rows
-        packed[2:2 + index.shape[0]] = index
-        table = self.comm.allgather_rows(packed)
-        by_rank = [row[2:2 + row[0]] for row in table]
-        samples = by_rank[1:] if self.distributed else by_rank
-        operator = self.prepared(build_operator(self.graph, self.config.backbone, samples,
-                                                probability, self.dtype,
-                                                exchanged=self.distributed))
-        return operator, int(table[:, 1].sum())
-
-    def loss_and_gradients(self, operator: LayerOperator, global_train_rows: int) -> float:
-        """Phases forward, loss, backward, gradient sum: leaves the GLOBAL gradient in every
-        parameter's .grad on every rank and returns the global loss."""
-        if self.serves_no_nodes:
-            return self._server_loss_and_gradients(operator.exchange)
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=False)
-        # The full-graph operator's rows are all nodes in order: no copy of the features.
-        x = self.x if operator is self.full_operator else select_rows(self.x, operator.rows)
-        logits = self.model(x, operator, self.exchange, self.dropout_rng)
-        train = torch.from_numpy(self.masks["train"][operator.rows])
-        loss = F.cross_entropy(logits[train], self.y[operator.rows][train], reduction="sum")
-        loss = loss / max(1, global_train_rows)
-        loss.backward()
-        return self._sum_gradients_and_loss(flat_grads(self.model), float(loss.detach()))
-
-    def _sum_gradients_and_loss(self, grads: np.ndarray, loss: float) -> float:
-        """Phase 'gradient sum': one message of all gradients + the loss, summed over ranks; the
-        sums go into every parameter's .grad and the summed loss is returned."""
-        vector = np.append(grads, np.asarray(loss, dtype=grads.dtype))
-        if self.secure is not None:  # zero-sum masks: the server learns only the totals
-            segments = [p.numel() for p in self.model.parameters()] + [1]
-            summed = self.secure.sum_to_all(self.comm, vector, segments)
-        else:
-            summed = self.comm.sum_to_all(vector)
-        set_flat_grads(self.model, summed[:-1])
-        return float(summed[-1])
-
-    # -- the server's share of a step: sums only ---------------------------------------------
-    def _server_exchanges(self, plan: CrossExchangePlan, backward: bool) -> None:
-        """The cross-client exchanges of one forward pass (layers 1..L) and, when training, of
-        its backward pass (layers L..1), in the order every client's autograd runs them. The
-        server contributes zeros to each sum: it has no nodes, so it builds no operator and
-        runs no model (doing so on an empty graph cost it, in cProfile, about half of a client's
-        CPU per step outside MPI)."""
-        widths = self.model.widths[1:]
-        for width in widths + (widths[::-1] if backward else []):
-            self.exchange(plan, torch.zeros((0, width), dtype=self.dtype))
-
-    def _server_loss_and_gradients(self, plan: CrossExchangePlan) -> float:
-        self._server_exchanges(plan, backward=True)
-        size = sum(p.numel() for p in self.model.parameters())
-        return self._sum_gradients_and_loss(np.zeros(size, dtype=self.numpy_dtype), 0.0)
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.method.model
 
     def train_step(self) -> float:
-        operator, global_train_rows = self.sample_operator()
-        loss = self.loss_and_gradients(operator, global_train_rows)
-        self.optimizer.step()
-        return loss
+        return self.method.train_step()
 
     # -- evaluation -----------------------------------------------------------------------------
-    @torch.no_grad()
-    def full_logits(self) -> torch.Tensor:
-        if self.serves_no_nodes:
-            self._server_exchanges(self.full_operator.exchange, backward=False)
-            return torch.zeros((0, self.num_classes), dtype=self.dtype)
-        self.model.eval()
-        return self.model(self.x, self.full_operator, self.exchange)
-
     def evaluate(self) -> dict[str, float] | None:
-        """Full-graph forward; micro-F1 per split (= accuracy for single-label classes), counted
-        at the server. Returns the scores on the server, None elsewhere."""
-        logits = self.full_logits()
-        correct = (logits.argmax(dim=1) == self.y).numpy()
-        counts = np.asarray([correct[self.masks[s]].sum() for s in SPLITS], dtype=np.float64)
-        totals = (self.secure.sum_to_server(self.comm, counts) if self.secure is not None
+        """Micro-F1 per split (= accuracy for single-label classes) of the method's logits,
+        counted at the server. Returns the scores on the server, None elsewhere."""
+        logits = self.method.full_logits()
+        correct = (logits.argmax(dim=1) == self.setup.y).numpy()
+        counts = np.asarray([correct[self.setup.masks[s]].sum() for s in SPLITS],
+                            dtype=np.float64)
+        secure = self.setup.secure
+        totals = (secure.sum_to_server(self.comm, counts) if secure is not None
                   else self.comm.sum_to_server(counts))
         if totals is None:
             return None
-        return {f"{s}_micro_f1": float(totals[k]) / max(1, self.global_split_counts[s])
+        return {f"{s}_micro_f1": float(totals[k]) / max(1, self.setup.global_split_counts[s])
                 for k, s in enumerate(SPLITS)}
 
     # -- the loop -------------------------------------------------------------------------------
@@ -349,7 +218,7 @@ class Trainer:
         """Final outputs: model.pt, logits.npy (optional), final.json."""
         logits_local = None
         if self.config.save_logits:
-            logits_local = self.full_logits().numpy()
+            logits_local = self.method.full_logits().numpy()
         parts = self.comm.gatherv_rows(logits_local) if logits_local is not None else None
         ids = (self.comm.gatherv_rows(self.graph.global_id[:, None].astype(np.int64))
                if logits_local is not None else None)
@@ -370,17 +239,16 @@ class Trainer:
         return final
 
     # -- checkpoints ----------------------------------------------------------------------------
-    def _rng_state(self) -> dict[str, Any]:
-        return {"sample": self.sample_rng.bit_generator.state,
-                "dropout": self.dropout_rng.bit_generator.state}
-
     def _rank_state(self) -> dict[str, Any]:
-        """What each rank contributes to a checkpoint (a subclass may add per-rank state)."""
-        return self._rng_state()
+        """What each rank contributes to a checkpoint: its random streams and the method's."""
+        return {"sample": self.setup.sample_rng.bit_generator.state,
+                "dropout": self.setup.dropout_rng.bit_generator.state,
+                **self.method.rank_state()}
 
     def _restore_rank_state(self, state: dict[str, Any]) -> None:
-        self.sample_rng.bit_generator.state = state["sample"]
-        self.dropout_rng.bit_generator.state = state["dropout"]
+        self.setup.sample_rng.bit_generator.state = state["sample"]
+        self.setup.dropout_rng.bit_generator.state = state["dropout"]
+        self.method.restore_rank_state(state)
 
     def save_checkpoint(self) -> None:
         states = self.comm.gather_objects(self._rank_state())
@@ -389,7 +257,7 @@ class Trainer:
         assert self.run_dir is not None
         payload = {"config": self.config.to_dict(), "epoch": self.state.epoch,
                    "best": vars(self.state.best), "model": self.model.state_dict(),
-                   "optimizer": self.optimizer.state_dict(), "rng": states,
+                   "optimizer": self.method.optimizer.state_dict(), "rng": states,
                    "world_size": self.comm.size}
         self.run_dir.save_torch(CHECKPOINT_NAME, payload)
 
@@ -400,6 +268,6 @@ class Trainer:
         payload = self.comm.broadcast_object(payload)
         mine = self.comm.scatter_objects(rng_states)
         self.model.load_state_dict(payload["model"])
-        self.optimizer.load_state_dict(payload["optimizer"])
+        self.method.optimizer.load_state_dict(payload["optimizer"])
         self.state = TrainerState(payload["epoch"], BestScore(**payload["best"]))
         self._restore_rank_state(mine)

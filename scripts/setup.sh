@@ -12,14 +12,14 @@ python -m pip install -q --upgrade pip
 python -m pip install -q torch==2.13.0
 python -m pip install -q -e '.[mpi-wheel,test]'
 # Open MPI from the wheel refuses root and refuses more ranks than cores unless told; 9 ranks on a
-# laptop or a 2-core VM is the normal case here, so the venv's activate script says so once.
-if ! grep -q "mpifgl: Open MPI settings" .venv/bin/activate; then
-  cat >> .venv/bin/activate <<'ACT'
-# mpifgl: Open MPI settings (added by scripts/setup.sh)
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
-ACT
-fi
+# laptop or a 2-core VM is the normal case here, so the venv's activate script says so once, with
+# the variables of fgl_common/launch.py (the block is rewritten on every run of this script).
+sed -i '/^# mpifgl: Open MPI settings/,/^# mpifgl: end of Open MPI settings/d' .venv/bin/activate
+{
+  echo "# mpifgl: Open MPI settings (added by scripts/setup.sh from fgl_common/launch.py)"
+  python -m fgl_common.launch --shell
+  echo "# mpifgl: end of Open MPI settings"
+} >> .venv/bin/activate
 python - <<'PY'
 import torch, torch_geometric, mpi4py, h5py
 print(f"setup ok: torch {torch.__version__}, torch_geometric {torch_geometric.__version__}, "

@@ -1,7 +1,7 @@
 """Tiny hand-made and random graphs written as shard directories, for the training tests.
 
 Kept independent of data_prep on purpose: the trainer's tests must not pass only because the
-writer and the reader share a bug. Shards follow mpifgl.shards' documented format.
+writer and the reader share a bug. Shards follow fgl_common.shard_format's documented format.
 """
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from mpifgl.shards import FORMAT_VERSION, ClientShard, file_sha256, shard_filename, write_client_shard
+from fgl_common.shard_format import (FORMAT_VERSION, ClientShard, file_sha256, shard_filename,
+                                     write_client_shard)
 
 
 @dataclass

@@ -2,25 +2,20 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from fgl_common.launch import mpi_launch_env, mpirun_path
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def mpi_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe", OMP_NUM_THREADS="1",
-               PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
+    """The project's MPI launch environment (fgl_common.launch), this checkout on PYTHONPATH."""
+    env = mpi_launch_env()
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     return env
-
-
-def mpirun_path() -> str:
-    candidate = Path(sys.executable).parent / "mpirun"
-    return str(candidate) if candidate.exists() else (shutil.which("mpirun") or "mpirun")
 
 
 def run_mpi(ranks: int, args: list[str], timeout: float = 120, cwd: str | Path | None = None,

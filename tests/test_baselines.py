@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 import torch
 
+from fgl_common.shard_format import load_client_shard, read_manifest, shard_filename
 from graphs import random_parts, write_shards
 from mpi_util import REPO, run_mpi, run_python
-from mpifgl.baselines.bns import BoundaryNodeSampler
-from mpifgl.baselines.fedavg import (fedavg_contribution, fedavg_result, local_graph,
+from mpifgl.methods.bns import BoundaryNodeSampler
+from mpifgl.methods.fedavg import (fedavg_contribution, fedavg_result, local_graph,
                                      weighted_average)
-from mpifgl.baselines.sampled import (NeighbourSampler, RandomWalkSampler, sample_neighbours,
+from mpifgl.methods.sampled import (NeighbourSampler, RandomWalkSampler, sample_neighbours,
                                       saint_normalisation)
 from mpifgl.graph import ClientGraph
-from mpifgl.shards import load_client_shard, read_manifest, shard_filename
 
 TRAIN = ["-m", "mpifgl.train"]
 TINY = ["--hidden", "8", "--log-every", "100", "--save-logits", "--force"]
@@ -133,7 +133,7 @@ def test_trimmed_graphsage_batch_equals_the_untrimmed_pyg_stack(toy_graph):
     seeds' logits and every weight gradient equal PyG's SAGEConv stack run on the whole sampled
     subgraph with a plain edge_index."""
     from torch_geometric.nn import SAGEConv
-    from mpifgl.baselines.sampled import PyGStack
+    from mpifgl.methods.sampled import PyGStack
     adjacency = toy_graph.adj.tocsr()
     sampler = NeighbourSampler(adjacency, [4, 3, 2], np.random.default_rng(3))
     batch = sampler.sample(np.random.default_rng(4).choice(toy_graph.num_nodes, 7, replace=False))
@@ -287,18 +287,18 @@ def test_centralized_baselines_end_to_end(toy_graph, toy_shards, tmp_path, algo,
 def test_graphsaint_full_graph_model_is_our_backbone(toy_shards, backbone):
     """Evaluation path of graphsaint: PyG GCNConv(normalize=False) / GraphConv with our edge
     weights equals our own GCN / 1-GNN given the same weights (the keys are the same too)."""
-    from mpifgl.baselines.sampled import GraphSAINTTrainer
+    from mpifgl.communicator import LocalComm
     from mpifgl.config import TrainConfig
-    from mpifgl.trainer import LocalComm, Trainer
+    from mpifgl.methods import build_trainer
     shard_dir = toy_shards(2)
     manifest = read_manifest(shard_dir)
     merged = ClientGraph.merged([load_client_shard(shard_dir / shard_filename(i))
                                  for i in range(2)])
     config = TrainConfig(algo="graphsaint", backbone=backbone, dtype="float64", hidden=8,
                          batch_size=6, sampling="none")
-    saint = GraphSAINTTrainer(config, LocalComm(), merged, manifest.num_classes, None)
-    ours = Trainer(config.replace(algo="centralized"), LocalComm(), merged,
-                   manifest.num_classes, None)
+    saint = build_trainer(config, LocalComm(), merged, manifest.num_classes).method
+    ours = build_trainer(config.replace(algo="centralized"), LocalComm(), merged,
+                         manifest.num_classes).method
     ours.model.load_state_dict(saint.model.state_dict())
     difference = (saint.full_logits() - ours.full_logits()).abs().max().item()
     assert difference < 1e-10, difference
@@ -308,9 +308,9 @@ def test_steps_per_epoch_zero_is_one_pass_for_ours_and_one_step_for_the_rest(toy
     """--steps-per-epoch 0 (the default): ours draws s = n/4 per step and takes ceil(n / s) = 4
     steps; an explicit value or another s changes it; without node sampling and for every
     baseline it is 1. The resolved values are what config.json records (trainer.config)."""
-    from mpifgl.algorithms import get_algorithm
+    from mpifgl.communicator import LocalComm
     from mpifgl.config import TrainConfig
-    from mpifgl.trainer import LocalComm
+    from mpifgl.methods import build_trainer
     shard_dir = toy_shards(2)
     manifest = read_manifest(shard_dir)
     merged = ClientGraph.merged([load_client_shard(shard_dir / shard_filename(i))
@@ -319,8 +319,7 @@ def test_steps_per_epoch_zero_is_one_pass_for_ours_and_one_step_for_the_rest(toy
 
     def resolved(**flags) -> TrainConfig:
         config = TrainConfig(hidden=8, batch_size=6, **flags)
-        trainer_class = get_algorithm(config.algo).trainer_class()
-        return trainer_class(config, LocalComm(), merged, manifest.num_classes, None).config
+        return build_trainer(config, LocalComm(), merged, manifest.num_classes).config
 
     ours = resolved(algo="centralized", sampling="label")
     assert (ours.sample_size, ours.steps_per_epoch) == (round(n / 4), 4)
@@ -340,7 +339,7 @@ def test_sparse_input_features_give_the_dense_convs_numbers(toy_graph, conv):
     a trimmed GraphSAGE batch and for one whole-graph adjacency (GraphSAINT, evaluation)."""
     import scipy.sparse as sp
     from torch_geometric.nn import GCNConv, GraphConv, SAGEConv
-    from mpifgl.baselines.sampled import PyGStack
+    from mpifgl.methods.sampled import PyGStack
     from mpifgl.graph import torch_csr
     from mpifgl.model import SparseFeatures, make_features
     make = {"sage": lambda i, o: SAGEConv(i, o, aggr="mean"),

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fgl_common.shard_format import ClientShard, write_client_shard
 from mpifgl.bias import (BiasError, local_bias, main, mean_distance, node_distances,
                          per_client_distance)
-from mpifgl.shards import ClientShard, write_client_shard
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -116,7 +116,7 @@ def test_cli_errors_are_one_line_without_traceback(tmp_path):
 
 
 def test_bias_module_imports_no_mpi_or_torch():
-    code = ("import sys, mpifgl.bias, mpifgl.report, mpifgl.experiments; "
+    code = ("import sys, mpifgl.bias, study.report, study.runner, study.__main__; "
             "print('mpi4py' in sys.modules, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                          timeout=60)

@@ -7,8 +7,9 @@ import sys
 import pytest
 import torch
 
-from mpifgl.algorithms import get_algorithm
-from mpifgl.config import TrainConfig, build_parser, explicit_flags, parse_config, resumed_config
+from fgl_common.cli import explicit_dests
+from mpifgl.config import TrainConfig, build_parser, parse_config, resumed_config
+from mpifgl.methods import get_method
 from mpifgl.runlog import RunDirError, RunDirectory, atomic_write, claim_run_dir
 
 
@@ -47,7 +48,8 @@ def test_every_field_has_exactly_one_flag():
 
 
 def test_explicit_flags_and_resume_overrides():
-    assert explicit_flags(["--epochs", "5", "--save-logits"]) == {"epochs", "save_logits"}
+    given_flags = explicit_dests(build_parser(), ["--epochs", "5", "--save-logits"])
+    assert given_flags == {"epochs", "save_logits"}
     saved = TrainConfig(lr=0.1, epochs=10).to_dict()
     given = parse_config(["--resume", "r", "--epochs", "20"])
     resumed = resumed_config(saved, given, {"resume", "epochs"})
@@ -63,7 +65,8 @@ def test_centralized_is_full_batch_unless_sampling_is_asked_for():
                            (["--algo", "centralized", "--sampling", "label"], "label"),
                            (["--algo", "ours"], "label"), ([], "label")):
         config = parse_config(argv)
-        config = get_algorithm(config.algo).with_defaults(config, explicit_flags(argv))
+        explicit = explicit_dests(build_parser(), argv)
+        config = get_method(config.algo).with_defaults(config, explicit)
         assert config.sampling == expected, argv
 
 
@@ -106,7 +109,7 @@ def test_metrics_truncated_to_checkpoint_epoch(tmp_path):
 
 def test_model_module_does_not_import_mpi():
     code = ("import sys, mpifgl.model, mpifgl.graph, mpifgl.sampling, mpifgl.trainer, "
-            "mpifgl.shards; assert 'mpi4py' not in sys.modules")
+            "fgl_common.shard_format; assert 'mpi4py' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from data_prep.datasets import KNOWN_DATASETS, default_data_root
+from data_prep.catalog import KNOWN_DATASETS
+from data_prep.datasets import default_data_root
 
 from data_prep_fixtures import REPO, SMALL_SYN, copy_raw, isolated_cache, run_cli  # noqa: F401
 

@@ -11,12 +11,11 @@ import numpy as np
 import scipy.sparse as sp
 
 from data_prep.config import PrepConfig
-from data_prep.datasets import KNOWN_DATASETS, load_dataset
-from data_prep.progress import Progress
+from data_prep.catalog import KNOWN_DATASETS
+from data_prep.datasets import load_dataset
 
 from data_prep_fixtures import REPO, isolated_cache  # noqa: F401
 
-QUIET = Progress(enabled=False)
 N = 40
 
 
@@ -70,8 +69,9 @@ def test_fake_ogbn_products_and_arxiv(tmp_path, isolated_cache):
     for name in ("ogbn-products", "ogbn-arxiv"):
         root = tmp_path / name
         labels, perm = make_fake_ogb(root, name)
-        config = PrepConfig(dataset=name, num_clients=2, out=tmp_path / "o", data_root=root)
-        graph = load_dataset(config, QUIET)
+        config = PrepConfig(dataset=name, num_clients=2, out=tmp_path / "o", data_root=root,
+                            show_progress=False)
+        graph = load_dataset(config)
         _, src, dst = tiny_graph()
         assert edge_set(graph.adjacency) == expected_edges(src, dst)
         np.testing.assert_array_equal(graph.y, labels)
@@ -91,8 +91,9 @@ def test_fake_reddit(tmp_path, isolated_cache):
              label=labels, node_types=node_types)
     sp.save_npz(raw / "reddit_graph.npz",
                 sp.coo_matrix((np.ones(len(src)), (src, dst)), shape=(N, N)))
-    config = PrepConfig(dataset="reddit", num_clients=2, out=tmp_path / "o", data_root=tmp_path)
-    graph = load_dataset(config, QUIET)
+    config = PrepConfig(dataset="reddit", num_clients=2, out=tmp_path / "o", data_root=tmp_path,
+                        show_progress=False)
+    graph = load_dataset(config)
     assert edge_set(graph.adjacency) == expected_edges(src, dst)
     np.testing.assert_array_equal(graph.y, labels)
     np.testing.assert_array_equal(graph.train_mask, node_types == 1)

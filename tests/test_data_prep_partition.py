@@ -8,16 +8,14 @@ from data_prep.config import PartitionConfig, SyntheticConfig
 from data_prep.graph import GraphData, stratified_split, seed_stream, undirected_adjacency
 from data_prep.partition import (deal_favoured_classes, equal_sizes, label_skew_partition,
                                  partition_nodes, random_partition)
-from data_prep.progress import Progress
 from data_prep.synthetic import generate_synthetic
 
-QUIET = Progress(enabled=False)
 
 
 def synthetic(nodes=4000, classes=8, avg_degree=10.0, homophily=0.8, seed=0) -> GraphData:
     config = SyntheticConfig(nodes=nodes, avg_degree=avg_degree, classes=classes, features=4,
                              homophily=homophily, seed=seed)
-    return generate_synthetic(config, split_seed=seed, progress=QUIET)
+    return generate_synthetic(config, split_seed=seed)
 
 
 def cross_fraction(graph: GraphData, assignment: np.ndarray) -> float:
@@ -33,7 +31,7 @@ def test_equal_sizes():
 @pytest.mark.parametrize("num_clients", [1, 2, 7, 8])
 def test_random_partition_sizes_and_cross_fraction(num_clients):
     graph = synthetic(nodes=5000, avg_degree=20, homophily=0.5)
-    part = partition_nodes(graph, num_clients, PartitionConfig("random"), seed=1, progress=QUIET)
+    part = partition_nodes(graph, num_clients, PartitionConfig("random"), seed=1)
     sizes = part.sizes()
     assert sizes.sum() == 5000 and sizes.max() - sizes.min() <= 1
     assert cross_fraction(graph, part.assignment) == pytest.approx(1 - 1 / num_clients, abs=0.02)
@@ -83,7 +81,7 @@ def test_label_skew_factor_one_is_uniform():
 def test_label_skew_params_in_partition():
     graph = synthetic(nodes=2000, classes=6)
     part = partition_nodes(graph, 3, PartitionConfig("label-skew", favoured_classes=2,
-                                                     skew_factor=10.0), seed=0, progress=QUIET)
+                                                     skew_factor=10.0), seed=0)
     assert part.params["favoured_classes"] == 2 and part.params["skew_factor"] == 10.0
     assert len(part.params["favoured_classes_per_client"]) == 3
     assert all(r > 5 for r in part.params["realised_skew_per_client"])  # 6 classes = 3 x 2
@@ -98,8 +96,8 @@ def test_favoured_classes_dealt_evenly():
 
 def test_metis_cuts_fewer_edges_than_random():
     graph = synthetic(nodes=3000, avg_degree=10, homophily=0.95)
-    metis = partition_nodes(graph, 4, PartitionConfig("metis"), seed=0, progress=QUIET)
-    rand = partition_nodes(graph, 4, PartitionConfig("random"), seed=0, progress=QUIET)
+    metis = partition_nodes(graph, 4, PartitionConfig("metis"), seed=0)
+    rand = partition_nodes(graph, 4, PartitionConfig("random"), seed=0)
     assert set(np.unique(metis.assignment)) == {0, 1, 2, 3}
     assert cross_fraction(graph, metis.assignment) < cross_fraction(graph, rand.assignment) - 0.2
 
@@ -107,7 +105,7 @@ def test_metis_cuts_fewer_edges_than_random():
 def test_too_many_clients_rejected():
     graph = synthetic(nodes=50, classes=2, avg_degree=2)
     with pytest.raises(ValueError, match="--num-clients 51 exceeds the 50 nodes"):
-        partition_nodes(graph, 51, PartitionConfig("random"), seed=0, progress=QUIET)
+        partition_nodes(graph, 51, PartitionConfig("random"), seed=0)
 
 
 def test_synthetic_graph_properties():

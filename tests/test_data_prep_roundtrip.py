@@ -8,14 +8,12 @@ import pytest
 
 from data_prep.config import PartitionConfig, PrepConfig, SyntheticConfig
 from data_prep.datasets import load_dataset
-from data_prep.progress import Progress
 from data_prep.verify import verify_shard_dir
-from mpifgl import shards as shard_format
+from fgl_common import shard_format
 
 from data_prep_fixtures import (SMALL_SYN, assert_same_graph, copy_raw, edge_set,  # noqa: F401
                                 isolated_cache, run_cli)
 
-QUIET = Progress(enabled=False)
 
 
 def load_all(shard_dir: Path) -> tuple[dict, list[shard_format.ClientShard]]:
@@ -54,8 +52,9 @@ def test_real_dataset_round_trip(tmp_path, isolated_cache, capsys, dataset, rela
     assert [c["num_nodes"] for c in manifest["clients"]] == \
         [num_nodes // 8 + (i < num_nodes % 8) for i in range(8)]
     assert abs(manifest["cross_edge_fraction"] - (1 - 1 / 8)) < 0.02
-    config = PrepConfig(dataset=dataset, num_clients=8, out=out, data_root=data_root)
-    graph = load_dataset(config, QUIET)
+    config = PrepConfig(dataset=dataset, num_clients=8, out=out, data_root=data_root,
+                        show_progress=False)
+    graph = load_dataset(config)
     nodes, adjacency = shard_format.assemble_global_graph(shards)
     assert_same_graph(nodes, adjacency, graph)
     check_blocks_transposed(shards)
@@ -75,8 +74,9 @@ def test_cora_matches_pyg_edges(tmp_path, isolated_cache):
     from torch_geometric.datasets import Planetoid
 
     data_root = copy_raw(tmp_path / "data", "Planetoid/Cora/raw")
-    config = PrepConfig(dataset="cora", num_clients=2, out=tmp_path / "o", data_root=data_root)
-    graph = load_dataset(config, QUIET)
+    config = PrepConfig(dataset="cora", num_clients=2, out=tmp_path / "o", data_root=data_root,
+                        show_progress=False)
+    graph = load_dataset(config)
     pyg_copy = copy_raw(tmp_path / "pyg", "Planetoid/Cora/raw")
     data = Planetoid(str(pyg_copy / "Planetoid"), "Cora", split="full")[0]
     pyg_edges = {(int(a), int(b)) for a, b in data.edge_index.t().tolist() if a != b}
@@ -97,8 +97,9 @@ def test_synthetic_round_trip(tmp_path, isolated_cache, capsys, partition, num_c
     assert manifest["partition"] == partition and manifest["seed"] == 3
     config = PrepConfig(dataset="synthetic", num_clients=num_clients, out=out, seed=3,
                         partition=PartitionConfig(method=partition),
-                        synthetic=SyntheticConfig(nodes=600, avg_degree=8, classes=4, features=5))
-    graph = load_dataset(config, QUIET)
+                        synthetic=SyntheticConfig(nodes=600, avg_degree=8, classes=4, features=5),
+                        show_progress=False)
+    graph = load_dataset(config)
     nodes, adjacency = shard_format.assemble_global_graph(shards)
     assert_same_graph(nodes, adjacency, graph)
     check_blocks_transposed(shards)

@@ -8,7 +8,7 @@ import pytest
 
 from data_prep import writer
 from data_prep.api import prepare_shards
-from mpifgl import shards as shard_format
+from fgl_common import shard_format
 
 from data_prep_fixtures import SMALL_SYN, isolated_cache, leftovers, run_cli  # noqa: F401
 

@@ -7,10 +7,8 @@ import pytest
 
 from data_prep.config import SyntheticConfig
 from data_prep.graph import GraphData
-from data_prep.progress import Progress
 from data_prep.synthetic import class_sizes, generate_synthetic
 
-QUIET = Progress(enabled=False)
 HARD = dict(homophily=0.8, feature_signal=0.05, class_skew=1.0, degree_skew=1.0, label_noise=0.25)
 
 
@@ -18,7 +16,7 @@ def generate(seed: int = 0, nodes: int = 6000, classes: int = 10, avg_degree: fl
              **knobs) -> GraphData:
     config = SyntheticConfig(nodes=nodes, avg_degree=avg_degree, classes=classes, features=6,
                              seed=seed, **knobs)
-    return generate_synthetic(config, split_seed=seed, progress=QUIET)
+    return generate_synthetic(config, split_seed=seed)
 
 
 def edge_homophily(graph: GraphData) -> float:

@@ -9,7 +9,7 @@ import pytest
 import scipy.sparse as sp
 
 from data_prep.verify import verify_shard_dir
-from mpifgl import shards as shard_format
+from fgl_common import shard_format
 
 from data_prep_fixtures import SMALL_SYN, run_cli
 

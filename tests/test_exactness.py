@@ -14,14 +14,15 @@ import pytest
 import scipy.sparse as sp
 import torch
 
+from fgl_common.shard_format import load_client_shard, read_manifest, shard_filename
 from graphs import Graph, random_graph, random_parts, write_shards
 from mpi_util import REPO, run_mpi
 from mpifgl.config import TrainConfig
 from mpifgl.graph import ClientGraph
 from mpifgl.model import flat_grads, select_rows
 from mpifgl.sampling import NodeSample
-from mpifgl.shards import load_client_shard, read_manifest, shard_filename
-from mpifgl.trainer import LocalComm, Trainer
+from mpifgl.communicator import LocalComm
+from mpifgl.methods import build_trainer
 
 PROBE = str(REPO / "tests" / "mpi_scripts" / "probe_exactness.py")
 sys.path.insert(0, str(REPO / "tests" / "mpi_scripts"))
@@ -38,23 +39,23 @@ def centralized_reference(shard_dir, backbone: str, dtype: str, layers: int, sam
     graph = ClientGraph.merged(shards)
     config = TrainConfig(backbone=backbone, dtype=dtype, dropout=0.0, sampling="none",
                          layers=layers, hidden=16, seed=3)
-    trainer = Trainer(config, LocalComm(), graph, manifest.num_classes, None)
+    gnn = build_trainer(config, LocalComm(), graph, manifest.num_classes).method
     if not sampled:
-        loss = trainer.loss_and_gradients(trainer.full_operator,
-                                          trainer.global_split_counts["train"])
-        logits = np.empty_like(trainer.full_logits().numpy())
-        logits[graph.global_id] = trainer.full_logits().numpy()
-        return loss, flat_grads(trainer.model), logits, trainer.model.state_dict()
+        loss = gnn.loss_and_gradients(gnn.full_operator,
+                                      gnn.setup.global_split_counts["train"])
+        logits = np.empty_like(gnn.full_logits().numpy())
+        logits[graph.global_id] = gnn.full_logits().numpy()
+        return loss, flat_grads(gnn.model), logits, gnn.model.state_dict()
     samples = fixed_sample(manifest.client_sizes())
     offsets = np.concatenate([[0], np.cumsum(manifest.client_sizes())])
     merged = NodeSample(np.concatenate([offsets[j] + s.index for j, s in enumerate(samples)]),
                         np.concatenate([s.probability for s in samples]))
-    operator, train_rows = trainer.operator_for_sample(merged)
-    loss = trainer.loss_and_gradients(operator, train_rows)
-    trainer.model.eval()
-    logits = trainer.model(select_rows(trainer.x, operator.rows), operator, None).detach().numpy()
+    operator, train_rows = gnn.operator_for_sample(merged)
+    loss = gnn.loss_and_gradients(operator, train_rows)
+    gnn.model.eval()
+    logits = gnn.model(select_rows(gnn.x, operator.rows), operator, None).detach().numpy()
     order = np.argsort(graph.global_id[operator.rows])
-    return loss, flat_grads(trainer.model), logits[order], graph.global_id[operator.rows][order]
+    return loss, flat_grads(gnn.model), logits[order], graph.global_id[operator.rows][order]
 
 
 def pyg_reference(graph: Graph, state_dict, backbone: str, dtype: str, layers: int):
@@ -234,10 +235,10 @@ def test_sparse_and_dense_features_agree(toy_graph, tmp_path, backbone):
     for feature_format in ("dense", "sparse"):
         config = TrainConfig(backbone=backbone, dtype="float64", dropout=0.0, sampling="none",
                              hidden=16, seed=3, feature_format=feature_format)
-        trainer = Trainer(config, LocalComm(), merged, manifest.num_classes, None)
-        loss = trainer.loss_and_gradients(trainer.full_operator,
-                                          trainer.global_split_counts["train"])
-        results[feature_format] = (loss, flat_grads(trainer.model), trainer.full_logits().numpy())
+        gnn = build_trainer(config, LocalComm(), merged, manifest.num_classes).method
+        loss = gnn.loss_and_gradients(gnn.full_operator,
+                                      gnn.setup.global_split_counts["train"])
+        results[feature_format] = (loss, flat_grads(gnn.model), gnn.full_logits().numpy())
     for k, what in enumerate(("loss", "grads", "logits")):
         assert_close(results["sparse"][k], results["dense"][k], 1e-12, what)
 

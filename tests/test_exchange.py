@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
+from fgl_common.shard_format import load_client_shard, read_manifest, shard_filename
 from mpi_util import run_mpi
 from mpifgl.config import TrainConfig
 from mpifgl.exchange import chunk_bounds, dense_terms
 from mpifgl.graph import ClientGraph, build_operator
 from mpifgl.sampling import steps_for_sample
-from mpifgl.shards import load_client_shard, read_manifest, shard_filename
 
 
 def test_chunk_bounds_respect_the_budget_and_give_big_rows_their_own_chunk():

@@ -16,12 +16,13 @@ import torch
 
 from data_prep import writer
 from data_prep.api import prepare_shards
+from data_prep.catalog import KNOWN_DATASETS
+from fgl_common.ownership import owner_is_dead, remove_dead_owners
+from fgl_common.shard_format import default_shard_dir
 from mpifgl.config import TrainConfig, parse_config, resumed_config
 from mpifgl.failures import SetupError, describe
-from mpifgl.ownership import owner_is_dead, remove_dead_owners
 from mpifgl.runlog import (LOCK_NAME, RunDirError, RunDirectory, atomic_write, claim_run_dir,
                            default_run_dir)
-from mpifgl.shards import default_shard_dir
 
 from data_prep_fixtures import SMALL_SYN, SHARED_DATA, isolated_cache, run_cli  # noqa: F401
 from mpi_util import REPO, mpi_env
@@ -186,6 +187,45 @@ def test_loser_of_the_preparation_race_uses_the_winners_shards(tmp_path, monkeyp
     manifest = prepare_shards("synthetic", 3, seed=2, out=out, **SYN_OPTIONS)
     assert manifest == json.loads((out / "manifest.json").read_text())
     assert [p.name for p in tmp_path.iterdir()] == ["shards"]  # the loser's partial is gone
+
+
+def test_default_run_prepares_through_the_data_prep_program(tmp_path, monkeypatch):
+    """Training never imports data_prep: the default run's shards come from `python -m data_prep
+    --quiet`; shards a rival job installed meanwhile count as prepared; a failure is one line."""
+    from mpifgl import train
+    commands = []
+
+    def rival_installed_first(command, **kwargs):
+        commands.append(command)
+        (tmp_path / "shards").mkdir()
+        (tmp_path / "shards" / "manifest.json").write_text("{}")
+        return subprocess.CompletedProcess(command, 2, "", "data_prep: error: output exists\n")
+
+    monkeypatch.setattr(train.subprocess, "run", rival_installed_first)
+    config = TrainConfig(dataset="cora", data_root="raw")
+    train.prepare_default_shards(config, tmp_path / "shards", 3)
+    command = commands[0]
+    assert command[1:3] == ["-m", "data_prep"] and "--quiet" in command
+    assert command[command.index("--num-clients") + 1] == "3"
+    assert command[command.index("--data-root") + 1] == "raw"
+
+    def failing(command, **kwargs):
+        return subprocess.CompletedProcess(command, 2, "", "a warning\ndata_prep: error: no\n")
+
+    monkeypatch.setattr(train.subprocess, "run", failing)
+    with pytest.raises(ValueError, match=r"preparing the default shards in \S+other failed: no$"):
+        train.prepare_default_shards(config, tmp_path / "other", 3)
+
+
+def test_default_run_reports_a_failed_preparation_in_one_line(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "mpifgl.train", "--algo", "centralized",
+                           "--dataset", "nosuch", "--epochs", "1"], env=mpi_env(), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "mpifgl.train: error: preparing the default shards in shards/nosuch-random-m8-s0 failed: "
+        "unknown dataset 'nosuch'; known datasets: " + ", ".join(KNOWN_DATASETS)]
+    assert not (tmp_path / "shards").exists()
 
 
 def test_litter_of_killed_runs_is_removed_by_the_next(tmp_path, capsys):

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
+from fgl_common.shard_format import load_client_shard, read_manifest, shard_filename
 from graphs import random_graph, random_parts, write_shards
 from mpifgl.exchange import dense_terms
 from mpifgl.graph import ClientGraph, build_operator
 from mpifgl.model import GCNLayer, OneGNNLayer
 from mpifgl.sampling import (NodeSampler, client_sample_sizes, group_counts, inclusion_probability,
                              label_guided_distribution, node_groups)
-from mpifgl.shards import load_client_shard, read_manifest, shard_filename
 
 
 def test_q_sums_to_one_per_client_and_follows_global_frequencies():

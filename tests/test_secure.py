@@ -26,8 +26,9 @@ from mpifgl.exchange import CrossClientExchange
 from mpifgl.graph import ClientGraph, build_operator
 from mpifgl.model import flat_grads, select_rows
 from mpifgl.sampling import NodeSample
-from mpifgl.shards import load_client_shard, read_manifest, shard_filename
-from mpifgl.trainer import LocalComm, Trainer
+from fgl_common.shard_format import load_client_shard, read_manifest, shard_filename
+from mpifgl.communicator import Communicator, LocalComm
+from mpifgl.methods import build_trainer
 
 TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
 SAMPLE_KEEP = 0.6
@@ -68,15 +69,15 @@ def one_step(comm, shard_dir, config: TrainConfig, sampled: bool):
     id) on the server, plus the rank's SecureSession."""
     manifest = read_manifest(shard_dir)
     graph = ClientGraph.for_rank(shard_dir, manifest, comm.client_id)
-    trainer = Trainer(config, comm, graph, manifest.num_classes, None)
+    trainer = build_trainer(config, comm, graph, manifest.num_classes).method
     if sampled:
         own = fixed_sample(manifest.client_sizes())[comm.client_id] if comm.client_id >= 0 else None
         operator, train_rows = trainer.operator_for_sample(own)
     else:
-        operator, train_rows = trainer.full_operator, trainer.global_split_counts["train"]
+        operator, train_rows = trainer.full_operator, trainer.setup.global_split_counts["train"]
     loss = trainer.loss_and_gradients(operator, train_rows)
     if comm.is_server:
-        trainer._server_exchanges(operator.exchange, backward=False)
+        trainer.server_exchanges(operator.exchange, backward=False)
         logits = np.zeros((0, manifest.num_classes))
     else:
         trainer.model.eval()
@@ -96,7 +97,8 @@ def centralized(shard_dir, config: TrainConfig, sampled: bool):
     manifest = read_manifest(shard_dir)
     shards = [load_client_shard(shard_dir / shard_filename(i)) for i in range(manifest.num_clients)]
     graph = ClientGraph.merged(shards)
-    trainer = Trainer(config.replace(secure=False), LocalComm(), graph, manifest.num_classes, None)
+    trainer = build_trainer(config.replace(secure=False), LocalComm(), graph,
+                            manifest.num_classes).method
     if sampled:
         offsets = np.concatenate([[0], np.cumsum(manifest.client_sizes())])
         samples = fixed_sample(manifest.client_sizes())
@@ -104,7 +106,7 @@ def centralized(shard_dir, config: TrainConfig, sampled: bool):
                             np.concatenate([s.probability for s in samples]))
         operator, train_rows = trainer.operator_for_sample(merged)
     else:
-        operator, train_rows = trainer.full_operator, trainer.global_split_counts["train"]
+        operator, train_rows = trainer.full_operator, trainer.setup.global_split_counts["train"]
     loss = trainer.loss_and_gradients(operator, train_rows)
     trainer.model.eval()
     logits = trainer.model(select_rows(trainer.x, operator.rows), operator, None).detach().numpy()
@@ -181,7 +183,6 @@ def test_masked_exchange_within_the_derived_bound(toy_graph, tmp_path, dtype, bu
 
 def test_secure_bns_steps_equal_the_unmasked_ones(toy_graph, tmp_path):
     """--algo bns runs the same masked exchange: three sampled steps give the plain losses."""
-    from mpifgl.baselines.bns import BNSTrainer
     shard_dir = shards_for(toy_graph, tmp_path, 3)
     manifest = read_manifest(shard_dir)
 
@@ -189,8 +190,8 @@ def test_secure_bns_steps_equal_the_unmasked_ones(toy_graph, tmp_path):
         graph = ClientGraph.for_rank(shard_dir, manifest, comm.client_id)
         config = TrainConfig(shards=str(shard_dir), algo="bns", dtype="float64", hidden=8,
                              boundary_p=0.5, secure=flag)
-        trainer = BNSTrainer(config, comm, graph, manifest.num_classes, None)
-        return [trainer.train_step() for _ in range(3)]
+        method = build_trainer(config, comm, graph, manifest.num_classes).method
+        return [method.train_step() for _ in range(3)]
 
     plain, masked = (ThreadWorld(4).run(lambda comm: body(comm, flag))[0] for flag in (False, True))
     np.testing.assert_allclose(masked, plain, rtol=1e-10)
@@ -366,13 +367,13 @@ def test_diverged_values_stop_the_job_with_a_clear_error(toy_graph, tmp_path):
 
     def body(comm):
         graph = ClientGraph.for_rank(shard_dir, manifest, comm.client_id)
-        trainer = Trainer(model_config(shard_dir, "float32", True), comm, graph,
-                          manifest.num_classes, None)
+        method = build_trainer(model_config(shard_dir, "float32", True), comm, graph,
+                               manifest.num_classes).method
         if comm.client_id == 0:
             with torch.no_grad():
-                next(trainer.model.parameters()).fill_(float("nan"))
-        return trainer.loss_and_gradients(trainer.full_operator,
-                                          trainer.global_split_counts["train"])
+                next(method.model.parameters()).fill_(float("nan"))
+        return method.loss_and_gradients(method.full_operator,
+                                          method.setup.global_split_counts["train"])
 
     with pytest.raises(secure.FixedPointOverflow, match="expected a finite number"):
         ThreadWorld(3).run(body)
@@ -390,6 +391,13 @@ def test_secure_refuses_modes_it_does_not_mask(flags, message):
         TrainConfig(secure=True, **flags).validate()
     TrainConfig(**flags).validate()
     TrainConfig(secure=True, algo="bns").validate()
+
+
+def test_thread_comm_is_a_communicator():
+    """The stand-in implements the one Protocol, so the code under test takes it as it is."""
+    world = ThreadWorld(2)
+    from thread_comm import ThreadComm
+    assert isinstance(ThreadComm(world, 1), Communicator)
 
 
 def test_secure_module_does_not_import_mpi():

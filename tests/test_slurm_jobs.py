@@ -3,7 +3,7 @@ real submissions to a private single-node cluster (tests/slurm_harness.py; skipp
 not installed or we are not root).
 
 The mechanics (launchers, repo discovery, job arrays, failure propagation) are tested with small
-stand-ins for data_prep / mpifgl.train / mpifgl.experiments passed through MPIFGL_*_CMD; the last
+stand-ins for data_prep / mpifgl.train / study passed through MPIFGL_*_CMD; the last
 tests run the real programs on Cora.
 """
 from __future__ import annotations
@@ -145,11 +145,11 @@ def test_study_dry_run(tmp_path):
         "+ export OMP_NUM_THREADS=1",
         *MPIRUN_EXPORTS,
         f"+ cd {REPO}",
-        f"+ {PY} -m mpifgl.experiments --datasets cora,citeseer --out {tmp_path}/rep --seeds 0,1",
+        f"+ {PY} -m study --datasets cora,citeseer --out {tmp_path}/rep --seeds 0,1",
     ]
     default = dry_run("study.sbatch")
     assert commands(default.stdout)[-1] == (
-        f"+ {PY} -m mpifgl.experiments --datasets cora,citeseer,amazon-computers,coauthor-cs "
+        f"+ {PY} -m study --datasets cora,citeseer,amazon-computers,coauthor-cs "
         f"--out {REPO}/reports/study")
 
 
@@ -303,8 +303,8 @@ if comm.rank == 0:
     print("fake train done", result, flush=True)
 '''
 
-FAKE_EXPERIMENTS = '''
-"""Stand-in for `python -m mpifgl.experiments`."""
+FAKE_STUDY = '''
+"""Stand-in for `python -m study`."""
 import argparse, json, os
 p = argparse.ArgumentParser()
 p.add_argument("--datasets", required=True); p.add_argument("--out", required=True)
@@ -339,12 +339,12 @@ def cluster(tmp_path_factory):
 def fakes(tmp_path_factory):
     folder = tmp_path_factory.mktemp("fakes")
     for name, code in (("fake_data_prep.py", FAKE_DATA_PREP), ("fake_train.py", FAKE_TRAIN),
-                       ("fake_experiments.py", FAKE_EXPERIMENTS)):
+                       ("fake_study.py", FAKE_STUDY)):
         (folder / name).write_text(textwrap.dedent(code))
     return {
         "MPIFGL_DATA_PREP_CMD": f"{PY} {folder / 'fake_data_prep.py'}",
         "MPIFGL_TRAIN_CMD": f"{PY} {folder / 'fake_train.py'}",
-        "MPIFGL_EXPERIMENTS_CMD": f"{PY} {folder / 'fake_experiments.py'}",
+        "MPIFGL_STUDY_CMD": f"{PY} {folder / 'fake_study.py'}",
     }
 
 
@@ -474,7 +474,7 @@ PROGRAM_FLAGS = [
     ("data_prep", ("--dataset", "--num-clients", "--partition", "--seed", "--data-root", "--out",
                    "--force")),
     ("mpifgl.train", ("--shards", "--out", "--algo", "--seed", "--epochs")),
-    ("mpifgl.experiments", ("--datasets", "--out")),
+    ("study", ("--datasets", "--out")),
 ]
 
 

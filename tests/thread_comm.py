@@ -49,14 +49,17 @@ class ThreadWorld:
 
 
 class ThreadComm:
-    """One rank's side; implements what mpifgl's Trainer, exchange and masking call."""
+    """One rank's side; implements every member of mpifgl.communicator.Communicator."""
 
     def __init__(self, world: ThreadWorld, rank: int):
         self.world = world
         self.rank = rank
         self.size = world.size
         self.client_id = rank - 1
+        self.num_clients = world.size - 1
         self.is_server = rank == 0
+        self.is_client = rank > 0
+        self.is_single_process = False
         self.reset_counters()
 
     def reset_counters(self) -> None:
@@ -157,7 +160,7 @@ class ThreadComm:
         return [(rank, rank - 1, message) for rank, message in enumerate(self._share(error))
                 if message]
 
-    def wait_for_server(self) -> None:
+    def wait_for_server(self, poll_seconds: float = 0.05) -> None:
         self._share(None)
 
     def abort(self, code: int = 1) -> None:

@@ -36,6 +36,10 @@ def trainer_rank(self, *args):
     return self.comm.rank
 
 
+def setup_rank(cls, config, comm, *rest):
+    return comm.rank
+
+
 def server_writing(original, name):
     """A RunDirectory writer failing for one file name (the server writes every run file)."""
     def wrapper(self, file_name, payload):
@@ -45,7 +49,7 @@ def server_writing(original, name):
     return wrapper
 
 
-Trainer, RunDirectory = trainer.Trainer, runlog.RunDirectory
+Trainer, RankSetup, RunDirectory = trainer.Trainer, trainer.RankSetup, runlog.RunDirectory
 if PHASE == "manifest":
     train.read_manifest = failing(train.read_manifest, lambda path: OSError(
         errno.EIO, "Input/output error", f"{path}/manifest.json"), launcher_rank)
@@ -56,8 +60,8 @@ elif PHASE == "rundir":
     train.claim_run_dir = failing(train.claim_run_dir, lambda path, *rest: OSError(
         errno.EROFS, "Read-only file system", path), launcher_rank)
 elif PHASE == "setup":
-    Trainer._setup_counts_and_sampler = failing(Trainer._setup_counts_and_sampler,
-                                                lambda self: MemoryError(), trainer_rank)
+    RankSetup.create = classmethod(failing(RankSetup.create.__func__,
+                                           lambda cls, *rest: MemoryError(), setup_rank))
 elif PHASE == "config":
     RunDirectory.write_json = server_writing(RunDirectory.write_json, "config.json")
 elif PHASE == "step":

@@ -17,8 +17,8 @@ from mpifgl.config import TrainConfig
 from mpifgl.graph import ClientGraph
 from mpifgl.model import flat_grads, select_rows
 from mpifgl.sampling import NodeSample
-from mpifgl.shards import read_manifest
-from mpifgl.trainer import Trainer
+from fgl_common.shard_format import read_manifest
+from mpifgl.methods import build_trainer
 
 SAMPLE_KEEP = 0.6
 
@@ -55,28 +55,28 @@ def main(shard_dir: str, out: str, layers: int, exchange: str, buffer_mb: float)
             config = TrainConfig(shards=shard_dir, backbone=backbone, dtype=dtype, dropout=0.0,
                                  sampling="none", layers=layers, hidden=16, seed=3,
                                  exchange=exchange, exchange_buffer_mb=buffer_mb)
-            trainer = Trainer(config, comm, graph, manifest.num_classes, None)
+            gnn = build_trainer(config, comm, graph, manifest.num_classes).method
             key = f"{backbone}_{dtype}"
-            loss = trainer.loss_and_gradients(trainer.full_operator,
-                                              trainer.global_split_counts["train"])
-            grads = flat_grads(trainer.model)
-            logits, _ = gather_in_global_order(comm, trainer.full_logits().numpy(),
-                                               graph.global_id, manifest.num_nodes)
+            loss = gnn.loss_and_gradients(gnn.full_operator,
+                                          gnn.setup.global_split_counts["train"])
+            grads = flat_grads(gnn.model)
+            logits, _ = gather_in_global_order(comm, gnn.full_logits().numpy(),
+                                                                     graph.global_id, manifest.num_nodes)
             if comm.is_server:
                 results[f"{key}_loss"], results[f"{key}_grads"] = np.asarray(loss), grads
                 results[f"{key}_logits"] = logits
             # one step on the fixed sample
-            own = samples[comm.client_id] if comm.client_id >= 0 else None
-            operator, train_rows = trainer.operator_for_sample(own)
-            loss = trainer.loss_and_gradients(operator, train_rows)
-            grads = flat_grads(trainer.model)
+            own = samples[comm.client_id] if comm.is_client else None
+            operator, train_rows = gnn.operator_for_sample(own)
+            loss = gnn.loss_and_gradients(operator, train_rows)
+            grads = flat_grads(gnn.model)
             if comm.is_server:
-                trainer._server_exchanges(operator.exchange, backward=False)
+                gnn.server_exchanges(operator.exchange, backward=False)
                 sampled_logits = np.zeros((0, manifest.num_classes))
             else:
-                trainer.model.eval()
-                sampled_logits = trainer.model(select_rows(trainer.x, operator.rows), operator,
-                                               trainer.exchange).detach().numpy()
+                gnn.model.eval()
+                sampled_logits = gnn.model(select_rows(gnn.x, operator.rows), operator,
+                                           gnn.exchange).detach().numpy()
             logits, ids = gather_in_global_order(comm, sampled_logits.astype(np.float64),
                                                  graph.global_id[operator.rows], 0)
             if comm.is_server:

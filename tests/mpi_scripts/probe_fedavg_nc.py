@@ -1,4 +1,4 @@
-"""Run under mpirun: build FedAvgNCTrainer on every rank; the server writes, per client, the
+"""Run under mpirun: build the fedavg-nc method on every rank; the server writes, per client, the
 collected cross-client neighbours (client-ordered ids), the local graph's added features and its
 local adjacency to NPZ.
 
@@ -8,11 +8,11 @@ import sys
 
 import numpy as np
 
-from mpifgl.baselines.fedavg import FedAvgNCTrainer
 from mpifgl.comm import world
 from mpifgl.config import TrainConfig
 from mpifgl.graph import ClientGraph
-from mpifgl.shards import read_manifest
+from fgl_common.shard_format import read_manifest
+from mpifgl.methods import build_trainer
 
 
 def main(shard_dir: str, out: str, fraction: float) -> None:
@@ -21,9 +21,9 @@ def main(shard_dir: str, out: str, fraction: float) -> None:
     graph = ClientGraph.for_rank(shard_dir, manifest, comm.client_id)
     config = TrainConfig(shards=shard_dir, algo="fedavg-nc", nc_fraction=fraction, hidden=8,
                          seed=4)
-    trainer = FedAvgNCTrainer(config, comm, graph, manifest.num_classes, None)
-    local = trainer.local
-    mine = {"collected": trainer.collected, "added_x": local.x[local.num_own:],
+    fedavg = build_trainer(config, comm, graph, manifest.num_classes).method
+    local = fedavg.local
+    mine = {"collected": fedavg.collected, "added_x": local.x[local.num_own:],
             "adjacency": local.graph.inner.toarray(), "degree": local.graph.degree,
             "candidates": np.unique(graph.cross.indices)}
     everything = comm.gather_objects(mine)

@@ -12,7 +12,7 @@ One round per epoch:
    ``w = sum n_i w_i / sum n_i``, where n_i = number of the client's TRAINING nodes (FedAvg's
    n_k: the examples the local loss is averaged over);
 3. evaluation: each client predicts its own nodes with the averaged model on its local graph
-   (all FedAvg can do; this is where local bias shows); counts are summed at the server as in
+   (all FedAvg can do; this is where local bias shows); counts are summed at the server by
    ``Trainer.evaluate``, and ``--save-logits`` writes these local-graph logits.
 
 The reported loss of a round is the n_i-weighted mean of the clients' local losses over the
@@ -35,9 +35,11 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
+from mpifgl.communicator import Communicator
 from mpifgl.graph import ClientGraph, build_operator
-from mpifgl.model import make_features
-from mpifgl.trainer import Trainer
+from mpifgl.model import GNN, make_features
+from mpifgl.optim import Adam
+from mpifgl.trainer import RankSetup
 
 # -- aggregation: pure functions (tested with hand-computed values) ------------------------------
 
@@ -124,7 +126,7 @@ def choose_cross_neighbours(graph: ClientGraph, fraction: float,
     return np.sort(rng.choice(candidates, size=count, replace=False)).astype(np.int64)
 
 
-def fetch_features(comm: Any, graph: ClientGraph, wanted: np.ndarray) -> np.ndarray:
+def fetch_features(comm: Communicator, graph: ClientGraph, wanted: np.ndarray) -> np.ndarray:
     """Features [len(wanted), d] of the client-ordered nodes ``wanted``, read by their owners
     and routed through the server (set-up only: pickled calls). Collective on every rank."""
     offsets = graph.offsets
@@ -136,7 +138,7 @@ def fetch_features(comm: Any, graph: ClientGraph, wanted: np.ndarray) -> np.ndar
         asks = [np.zeros(0, np.int64)] + [union[owner == j] - offsets[j]
                                           for j in range(graph.num_clients)]
     asked = comm.scatter_objects(asks)
-    replies = comm.gather_objects(graph.x[asked] if graph.client_id >= 0 else None)
+    replies = comm.gather_objects(graph.x[asked] if comm.is_client else None)
     answers = None
     if comm.is_server:
         width = graph.x.shape[1]
@@ -149,35 +151,50 @@ def fetch_features(comm: Any, graph: ClientGraph, wanted: np.ndarray) -> np.ndar
     return comm.scatter_objects(answers)
 
 
-# -- the trainers --------------------------------------------------------------------------------
+# -- the method ----------------------------------------------------------------------------------
 
-class FedAvgTrainer(Trainer):
-    uses_node_sampler = False
+class FedAvgMethod:
+    """One rank's side of FedAvg: its local graph, the backbone model and its own Adam state.
+    ``collect_neighbours`` (FedAvg+nc): add a share of the cross-client neighbours at set-up.
+    Nothing is exchanged after set-up but the round's weighted sum."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)  # global split counts, model, Adam (one per rank)
-        if self.global_split_counts["train"] == 0:
-            raise ValueError("--algo fedavg needs training nodes: the shards have none")
-        self.local = self._build_local_graph()
-        self.local_x = make_features(self.local.x, self.dtype, self.config.feature_format)
+    def __init__(self, setup: RankSetup, collect_neighbours: bool = False):
+        config, comm, graph = setup.config, setup.comm, setup.graph
+        if setup.global_split_counts["train"] == 0:
+            raise ValueError(f"--algo {config.algo} needs training nodes: the shards have none")
+        self.setup, self.comm = setup, comm
+        self.config = config if config.steps_per_epoch else config.replace(steps_per_epoch=1)
+        self.model = GNN(config.backbone, graph.x.shape[1], config.hidden, setup.num_classes,
+                         config.layers, config.dropout, config.weight_seed, setup.dtype)
+        self.optimizer = Adam(self.model.parameters(), lr=config.lr,
+                              weight_decay=config.weight_decay)
+        self.collected = np.zeros(0, np.int64)  # client-ordered ids added (FedAvg+nc)
+        self.local = (self._collect_neighbours() if collect_neighbours else local_graph(graph))
+        self.local_x = make_features(self.local.x, setup.dtype, config.feature_format)
         self.local_y = torch.from_numpy(self.local.graph.y)
         self.local_train = torch.from_numpy(self.local.graph.train_mask)
-        self.local_operator = build_operator(self.local.graph, self.config.backbone, None, None,
-                                             self.dtype, exchanged=False)
-        # Evaluation and logits use the local graph; nothing is exchanged after set-up.
-        self.full_operator = self.local_operator
-        self.exchange = None
-        self.weight = float(self.graph.train_mask.sum())  # n_i: local training nodes
+        self.local_operator = build_operator(self.local.graph, config.backbone, None, None,
+                                             setup.dtype, exchanged=False)
+        self.weight = float(graph.train_mask.sum())  # n_i: local training nodes
 
-    def _build_local_graph(self) -> LocalGraph:
-        return local_graph(self.graph)
+    def _collect_neighbours(self) -> LocalGraph:
+        """Collective: chosen neighbours' features come from their owners via the server."""
+        graph = self.setup.graph
+        if self.comm.is_client:
+            self.collected = choose_cross_neighbours(graph, self.config.nc_fraction,
+                                                     self.setup.sample_rng)
+        features = fetch_features(self.comm, graph, self.collected)
+        if not self.comm.is_client:
+            return local_graph(graph)
+        edges = graph.cross[:, self.collected].tocsr() if self.collected.size else None
+        return local_graph(graph, edges, features)
 
     # -- one round ----------------------------------------------------------------------------
     def local_step(self) -> float:
         """One full-batch step on the local graph with this client's own optimizer."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
-        logits = self.model(self.local_x, self.local_operator, None, self.dropout_rng)
+        logits = self.model(self.local_x, self.local_operator, None, self.setup.dropout_rng)
         loss = F.cross_entropy(logits[self.local_train], self.local_y[self.local_train])
         loss.backward()
         self.optimizer.step()
@@ -186,10 +203,10 @@ class FedAvgTrainer(Trainer):
     def train_step(self) -> float:
         """One round: local epochs on every client, then the weighted average everywhere."""
         loss, params = 0.0, flat_parameters(self.model)
-        if self.graph.client_id >= 0 and self.weight > 0:
+        if self.comm.is_client and self.weight > 0:
             loss = float(np.mean([self.local_step() for _ in range(self.config.local_epochs)]))
             params = flat_parameters(self.model)
-        weight = self.weight if self.graph.client_id >= 0 else 0.0
+        weight = self.weight if self.comm.is_client else 0.0
         summed = self.comm.sum_to_all(fedavg_contribution(params, weight, loss))
         average, mean_loss = fedavg_result(summed)
         set_flat_parameters(self.model, average)
@@ -202,23 +219,16 @@ class FedAvgTrainer(Trainer):
         return self.model(self.local_x, self.local_operator, None)[:self.local.num_own]
 
     # -- checkpoints: every client's Adam state is its own --------------------------------------
-    def _rank_state(self) -> dict[str, Any]:
-        return {**self._rng_state(), "optimizer": self.optimizer.state_dict()}
+    def rank_state(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict()}
 
-    def _restore_rank_state(self, state: dict[str, Any]) -> None:
-        super()._restore_rank_state(state)
+    def restore_rank_state(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
 
 
-class FedAvgNCTrainer(FedAvgTrainer):
-    def _build_local_graph(self) -> LocalGraph:
-        """Collective: chosen neighbours' features come from their owners via the server."""
-        chosen = np.zeros(0, np.int64)
-        if self.graph.client_id >= 0:
-            chosen = choose_cross_neighbours(self.graph, self.config.nc_fraction, self.sample_rng)
-        features = fetch_features(self.comm, self.graph, chosen)
-        self.collected = chosen  # client-ordered ids, for tests and logs
-        if self.graph.client_id < 0:
-            return local_graph(self.graph)
-        edges = self.graph.cross[:, chosen].tocsr() if chosen.size else None
-        return local_graph(self.graph, edges, features)
+def build_fedavg(setup: RankSetup) -> FedAvgMethod:
+    return FedAvgMethod(setup)
+
+
+def build_fedavg_nc(setup: RankSetup) -> FedAvgMethod:
+    return FedAvgMethod(setup, collect_neighbours=True)

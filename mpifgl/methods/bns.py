@@ -2,7 +2,7 @@
 
 Every step each client keeps all of its inner nodes (no cross-client edge) and keeps each
 boundary node (>= 1 cross-client edge) independently with probability p = ``--boundary-p``. The
-step then runs exactly like ``ours``: the sample goes through ``Trainer.operator_for_sample``, so
+step then runs exactly like ``ours``: the sample goes through ``GNNMethod.operator_for_sample``, so
 a kept boundary node's messages are scaled by 1/p (the estimator of eq. 4 with p(u) = 1 for inner
 nodes), dropped boundary nodes neither send nor receive, and the loss is over the kept training
 nodes divided by their global count. With p = 1 every node is kept and a step equals a
@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpifgl.graph import ClientGraph, LayerOperator
+from mpifgl.config import TrainConfig
+from mpifgl.graph import ClientGraph
+from mpifgl.methods.gnn import GNNMethod
 from mpifgl.sampling import NodeSample
-from mpifgl.trainer import Trainer
+from mpifgl.trainer import RankSetup
 
 
 def boundary_mask(graph: ClientGraph) -> np.ndarray:
@@ -39,17 +41,25 @@ class BoundaryNodeSampler:
         return NodeSample(index, probability)
 
 
-class BNSTrainer(Trainer):
+class BoundarySampler:
+    """The ``StepSampler`` of BNS-GCN: every client samples its boundary nodes each step."""
+
+    steps_per_epoch = 1  # an epoch of BNS-GCN is one full-graph pass with sampled boundaries
+
+    def __init__(self, setup: RankSetup):
+        graph = setup.graph
+        self.capacity = int(graph.client_sizes.max())  # a client can keep all its nodes
+        self.client_sampler = (BoundaryNodeSampler(boundary_mask(graph), setup.config.boundary_p,
+                                                   setup.sample_rng)
+                               if setup.comm.is_client else None)
+
+    def resolved(self, config: TrainConfig) -> TrainConfig:
+        return config
+
+    def sample(self) -> NodeSample | None:
+        return self.client_sampler.sample() if self.client_sampler is not None else None
+
+
+def build_bns(setup: RankSetup) -> GNNMethod:
     """``ours`` with the label-guided sampler replaced by boundary-node sampling."""
-
-    uses_node_sampler = False
-
-    def _setup_counts_and_sampler(self) -> None:
-        super()._setup_counts_and_sampler()  # global counts; the boundary sampler is set here
-        if self.graph.client_id >= 0:
-            self.sampler = BoundaryNodeSampler(boundary_mask(self.graph), self.config.boundary_p,
-                                               self.sample_rng)
-
-    def sample_operator(self) -> tuple[LayerOperator, int]:
-        """Phase 'sample': a fresh boundary sample every step (the server contributes none)."""
-        return self.operator_for_sample(self.sampler.sample() if self.sampler is not None else None)
+    return GNNMethod(setup, BoundarySampler(setup))

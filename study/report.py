@@ -1,24 +1,26 @@
 """The study's report: CSV tables, PNG plots and report.md, from REPORT_DIR/plan.json and the run
-directories under REPORT_DIR/runs (written by ``mpifgl.experiments``).
+directories under REPORT_DIR/runs (written by ``python -m study``).
 
-    python -m mpifgl.report REPORT_DIR
+    python -m study.report REPORT_DIR
 
 Reads only files: it can be re-run at any time (also on a half-finished study: missing runs show
 as gaps). Plain numpy + matplotlib (Agg backend): no torch, no MPI.
 """
 from __future__ import annotations
 
+import argparse
 import csv
-import json
 import math
 import sys
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mpifgl.bias import BiasError, load_run_logits, mean_distance, per_client_distance
+from mpifgl.bias import BiasError, load_run_logits, mean_distance
+from study.catalog import REFERENCE_METHOD, algo_of, label_of, methods_of
+from study.rundir import read_json, read_metrics
 
 # -- the paper's numbers (PubMed, 8 clients, random partition; Table 2 / 4 / 5, section 4) -------
 PAPER_TABLE2_PUBMED = {"ours": 89.90, "ours-1gnn": 90.70, "centralized": 87.80,
@@ -35,10 +37,8 @@ PAPER_CROSS_EDGES = {4: 74.86, 8: 87.33, 16: 93.56, 32: 96.68}  # Figure 3, perc
 PAPER_TABLE4_PUBMED = {("ours-full", 4): (0.3063, 20.20), ("fedavg", 4): (0.0937, 10.65),
                        ("ours", 4): (0.0526, 3.50), ("ours-full", 8): (0.4078, 10.10),
                        ("fedavg", 8): (0.0994, 5.46), ("ours", 8): (0.1701, 1.75)}
-LABELS = {"ours": "Ours (GCN)", "ours-1gnn": "Ours (1-GNN)", "centralized": "Centralized GCN",
-          "centralized-1gnn": "Centralized 1-GNN", "graphsage": "GraphSAGE",
-          "graphsaint": "GraphSAINT", "fedavg": "FedAvg+GCN", "fedavg-nc": "FedAvg+NC (20%)",
-          "bns": "BNS-GCN", "ours-full": "ours-full", "ours-star": "ours*"}
+# Table 5's columns: (sampling, 1/p normalisation) of each ablation method.
+ABLATION_COLUMNS = {"ours-full": ("no", "no"), "ours-star": ("yes", "no"), "ours": ("yes", "yes")}
 
 
 @dataclass
@@ -71,27 +71,6 @@ class RunRow:
     noise_floor: float = math.nan  # reference vs centralized with another seed
     same_init_floor: float = math.nan  # reference vs centralized, same initial weights
     cross_edge_fraction: float = math.nan
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON in ``path``, or None when missing or unreadable."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            pass  # a torn last line of an interrupted run
-    return records
 
 
 def summarize_metrics(records: list[dict[str, Any]]) -> dict[str, float]:
@@ -133,7 +112,7 @@ def collect_rows(root: Path, plan: dict[str, Any]) -> list[RunRow]:
                      entry["lr"], entry.get("tag", ""), "missing")
         final = read_json(run_dir / "final.json")
         failed = read_json(run_dir / "FAILED.json")
-        algo = _algo_of(entry["method"])
+        algo = algo_of(entry["method"])
         if final is not None:
             row.status = "done"
             row.test_f1 = float(final.get("test_micro_f1", math.nan))
@@ -159,11 +138,6 @@ def collect_rows(root: Path, plan: dict[str, Any]) -> list[RunRow]:
             _attach_bias(row, root, entry, manifest, bias_cache)
         rows.append(row)
     return rows
-
-
-def _algo_of(method: str) -> str:
-    return {"ours-1gnn": "ours", "ours-full": "ours", "ours-star": "ours",
-            "centralized-1gnn": "centralized"}.get(method, method)
 
 
 def _attach_bias(row: RunRow, root: Path, entry: dict, manifest: dict | None,
@@ -244,7 +218,7 @@ def table2(rows: list[RunRow], out: Path, datasets: list[str], methods: list[str
             csv_cells += [mean, std, n]
         others = PAPER_TABLE2_OTHERS.get(method, (None, None))
         paper = [PAPER_TABLE2_PUBMED.get(method), *others]
-        md.append(f"| {LABELS.get(method, method)} | " + " | ".join(cells) + " | " +
+        md.append(f"| {label_of(method)} | " + " | ".join(cells) + " | " +
                   " | ".join("-" if p is None else f"{p:.2f}" for p in paper) + " |")
         lines.append([method, *csv_cells, *paper])
     write_csv(out / "table2.csv",
@@ -263,13 +237,13 @@ def save_figure(fig, plt, out: Path, name: str, caption: str) -> list[str]:
 
 def figure3(rows: list[RunRow], out: Path, plt) -> list[str]:
     runs = select(rows, "fig3")
-    distributed = [r for r in runs if r.method != "centralized"]
+    distributed = [r for r in runs if r.method != REFERENCE_METHOD]
     if not distributed:
         return ["(not run)"]
     counts = sorted({r.num_clients for r in distributed})
-    methods = [m for m in ("ours", "fedavg", "fedavg-nc") if any(r.method == m for r in runs)]
+    methods = [m for m in methods_of("fig3") if any(r.method == m for r in runs)]
     lines, md = [], ["| clients | cross-client edges (paper) | " +
-                     " | ".join(f"{LABELS[m]} F1 / bias" for m in methods) +
+                     " | ".join(f"{label_of(m)} F1 / bias" for m in methods) +
                      " | noise floor: other seed / same init |",
                      "|" + "---|" * (3 + len(methods))]
     for m_clients in counts:
@@ -300,8 +274,8 @@ def figure3(rows: list[RunRow], out: Path, plt) -> list[str]:
                                        for l in lines)]
         f1 = [next(l[3] for l in lines if l[0] == c and l[2] == method) * 100 for c in xs]
         bias = [next(l[5] for l in lines if l[0] == c and l[2] == method) for c in xs]
-        axes[0].plot(xs, f1, marker="o", label=LABELS[method])
-        axes[1].plot(xs, bias, marker="o", label=LABELS[method])
+        axes[0].plot(xs, f1, marker="o", label=label_of(method))
+        axes[1].plot(xs, bias, marker="o", label=label_of(method))
     noise = [l[7] for l in lines if not math.isnan(l[7])]
     if noise:
         axes[1].axhline(float(np.mean(noise)), color="gray", ls="--",
@@ -320,10 +294,10 @@ def figure3(rows: list[RunRow], out: Path, plt) -> list[str]:
 
 
 def figure4(rows: list[RunRow], root: Path, out: Path, plt) -> list[str]:
-    runs = [r for r in select(rows, "fig4") if r.method != "centralized"]
+    runs = [r for r in select(rows, "fig4") if r.method != REFERENCE_METHOD]
     if not runs:
         return ["(not run)"]
-    methods = [m for m in ("ours", "fedavg", "fedavg-nc") if any(r.method == m for r in runs)]
+    methods = [m for m in methods_of("fig4") if any(r.method == m for r in runs)]
     md = ["| method | iid F1 | non-iid F1 | iid bias | non-iid bias |", "|---|---|---|---|---|"]
     lines = []
     for method in methods:
@@ -333,7 +307,7 @@ def figure4(rows: list[RunRow], root: Path, out: Path, plt) -> list[str]:
             cell[partition] = (mean_std([r.test_f1 for r in mine]),
                                mean_std([r.local_bias for r in mine]), status_note(mine))
             lines.append([method, partition, *cell[partition][0][:2], *cell[partition][1][:2]])
-        md.append(f"| {LABELS[method]} | " + " | ".join(
+        md.append(f"| {label_of(method)} | " + " | ".join(
             fmt(*cell[p][0]) if cell[p][0][2] else cell[p][2].split(" (")[0]
             for p in ("random", "label-skew")) + " | " + " | ".join(
             fmt(cell[p][1][0], scale=1, digits=3) for p in ("random", "label-skew")) + " |")
@@ -351,7 +325,7 @@ def figure4(rows: list[RunRow], root: Path, out: Path, plt) -> list[str]:
         axes[0].bar(x + (k - 0.5) * width, f1, width, label=label)
         axes[1].bar(x + (k - 0.5) * width, bias, width, label=label)
     for ax, title in zip(axes[:2], ("test micro-F1 (%)", "local bias")):
-        ax.set_xticks(x, [LABELS[m] for m in methods], fontsize=8)
+        ax.set_xticks(x, [label_of(m) for m in methods], fontsize=8)
         ax.set_title(title)
         ax.legend(fontsize=8)
     for r in runs:
@@ -359,7 +333,7 @@ def figure4(rows: list[RunRow], root: Path, out: Path, plt) -> list[str]:
             continue
         t, f1 = convergence_curve(root / "runs" / r.key)
         axes[2].plot(t, f1 * 100, ls="-" if r.partition == "random" else "--",
-                     label=f"{LABELS[r.method]} {'iid' if r.partition == 'random' else 'non-iid'}"
+                     label=f"{label_of(r.method)} {'iid' if r.partition == 'random' else 'non-iid'}"
                            f" s{r.seed}")
     axes[2].set_xlabel("training wall seconds")
     axes[2].set_title("convergence: test micro-F1 (%)")
@@ -375,7 +349,7 @@ def table4(rows: list[RunRow], out: Path) -> list[str]:
           "MB server / epoch | peak RSS / client MB | paper PubMed s, MB |",
           "|---|---|---|---|---|---|---|---|---|"]
     lines = []
-    for method in ("ours-full", "fedavg", "ours"):
+    for method in methods_of("table4"):
         for clients in sorted({r.num_clients for r in runs}):
             mine = [r for r in runs if r.method == method and r.num_clients == clients]
             if not mine:
@@ -389,7 +363,7 @@ def table4(rows: list[RunRow], out: Path) -> list[str]:
                     [f"{v:.2f}" if not math.isnan(v) else "-" for v in values[3:]]
             if note:
                 cells = [note.split(" (")[0]] + cells[1:]
-            md.append(f"| {LABELS[method]} | {clients} | " + " | ".join(cells) +
+            md.append(f"| {label_of(method)} | {clients} | " + " | ".join(cells) +
                       f" | {f'{paper[0]}, {paper[1]}' if paper else '-'} |")
             lines.append([method, clients, *values])
     write_csv(out / "table4.csv", ["method", "clients", "epoch_seconds", "compute_seconds",
@@ -406,15 +380,15 @@ def table5(rows: list[RunRow], out: Path, datasets: list[str]) -> list[str]:
     md = ["| method | sampling | normalisation | " + " | ".join(datasets) + " | paper PubMed |",
           "|" + "---|" * (4 + len(datasets))]
     lines = []
-    for method, sampling, norm in (("ours-full", "no", "no"), ("ours-star", "yes", "no"),
-                                   ("ours", "yes", "yes")):
+    for method in methods_of("table5"):
+        sampling, norm = ABLATION_COLUMNS[method]
         cells = []
         for dataset in datasets:
             mine = [r for r in runs if r.method == method and r.dataset == dataset]
             mean, std, n = mean_std([r.test_f1 for r in mine])
             cells.append(fmt(mean, std, n) if n else status_note(mine).split(" (")[0])
             lines.append([method, dataset, mean, std, n])
-        md.append(f"| {LABELS[method]} | {sampling} | {norm} | " + " | ".join(cells) +
+        md.append(f"| {label_of(method)} | {sampling} | {norm} | " + " | ".join(cells) +
                   f" | {PAPER_TABLE5_PUBMED[method]:.2f} |")
     write_csv(out / "table5.csv", ["method", "dataset", "f1_mean", "f1_std", "n"], lines)
     return md
@@ -457,9 +431,9 @@ def figure6(rows: list[RunRow], root: Path, out: Path, plt) -> list[str]:
           "|---|---|---|---|"]
     for r in runs:
         t, f1 = convergence_curve(root / "runs" / r.key)
-        ax.plot(t, f1 * 100, label=f"{LABELS[r.method]} ({r.dataset}, s{r.seed})")
+        ax.plot(t, f1 * 100, label=f"{label_of(r.method)} ({r.dataset}, s{r.seed})")
         reach = t[np.argmax(f1 >= 0.95 * f1.max())] if f1.size else math.nan
-        md.append(f"| {LABELS[r.method]} {r.dataset} s{r.seed} | {fmt(r.test_f1)} | "
+        md.append(f"| {label_of(r.method)} {r.dataset} s{r.seed} | {fmt(r.test_f1)} | "
                   f"{reach:.2f} | {t[-1] if t.size else math.nan:.2f} |")
     ax.set_xlabel("training wall seconds")
     ax.set_ylabel("test micro-F1 (%)")
@@ -477,7 +451,7 @@ def plan_section(plan: dict[str, Any], rows: list[RunRow]) -> list[str]:
     wall = sum(s.get("wall_seconds", 0.0) for s in sessions)
     run_seconds = sum(r.wall_seconds for r in rows if not math.isnan(r.wall_seconds))
     minibatch = sorted({f"{r.method} {r.dataset} {r.epochs}" for r in rows
-                        if r.method in ("graphsage", "graphsaint")})
+                        if algo_of(r.method) in ("graphsage", "graphsaint")})
     lines = [
         f"- datasets: {', '.join(config.get('datasets', []))}; seeds {config.get('seeds')}; "
         f"Table 2/5 epochs {config.get('epochs')}; lr "
@@ -522,13 +496,12 @@ def write_report(root: Path) -> Path:
     plan = read_json(root / "plan.json")
     if plan is None:
         raise FileNotFoundError(f"{root / 'plan.json'}: missing or unreadable; run "
-                                f"`python -m mpifgl.experiments --out {root}` first")
+                                f"`python -m study --out {root}` first")
     rows = collect_rows(root, plan)
     write_csv(root / "runs.csv", [f.name for f in fields(RunRow)],
               [list(asdict(r).values()) for r in rows])
     config = plan.get("config", {})
     datasets = list(config.get("datasets") or sorted({r.dataset for r in rows}))
-    from mpifgl.experiments import TABLE2_METHODS
     md = ["# mpifgl study report", "",
           "Reproduces the experiments of *Tackling the Local Bias in Federated Graph Learning* "
           "(section 4, appendix E) on the datasets available offline. The paper's numbers are "
@@ -537,7 +510,7 @@ def write_report(root: Path) -> Path:
           "validation epoch, mean ± std over seeds.", "", "## Plan", "",
           *plan_section(plan, rows), "",
           "## Table 2: test micro-F1, 8 clients, random partition", "",
-          *table2(rows, root, datasets, list(TABLE2_METHODS)), "",
+          *table2(rows, root, datasets, list(methods_of("table2"))), "",
           "## Figure 3: clients vs F1 and local bias (random partitions)", "",
           *figure3(rows, root, plt), "",
           "## Figure 4: iid (random) vs non-iid (label-skew), 8 clients", "",
@@ -565,14 +538,15 @@ def write_report(root: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m mpifgl.report REPORT_DIR", file=sys.stderr)
-        return 2
+    parser = argparse.ArgumentParser(prog="python -m study.report",
+                                     description="rewrite REPORT_DIR's report from the runs there")
+    parser.add_argument("report_dir", type=Path, metavar="REPORT_DIR",
+                        help="the --out directory of `python -m study`")
+    report_dir = parser.parse_args(argv).report_dir
     try:
-        print(write_report(Path(argv[0])))
+        print(write_report(report_dir))
     except FileNotFoundError as exc:
-        print(f"mpifgl.report: error: {exc}", file=sys.stderr)
+        print(f"study.report: error: {exc}", file=sys.stderr)
         return 1
     return 0
 

@@ -48,8 +48,8 @@ def default_shard_dir(dataset: str, num_clients: int, partition: str = "random",
                       seed: int = 0) -> Path:
     """The one default shard directory, relative to the working directory:
     ``shards/<dataset>-<partition>-m<M>-s<seed>``. Used by mpifgl.train (default run),
-    data_prep.api.prepare_shards and, through ``python -m data_prep default-out``,
-    jobs/data_prep.sbatch (which runs from the repository root)."""
+    data_prep.api.prepare_shards and, through jobs/common.sh, jobs/data_prep.sbatch (which runs
+    from the repository root)."""
     name = dataset.strip().lower().replace("_", "-")
     return Path("shards") / f"{name}-{partition}-m{int(num_clients)}-s{int(seed)}"
 

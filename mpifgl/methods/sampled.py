@@ -11,7 +11,7 @@ torch-sparse, and neither is installable here (pyg-lib has no PyPI release; torc
 source build against the pinned torch). ``torch_geometric.typing.WITH_PYG_LIB`` and
 ``WITH_TORCH_SPARSE`` are False in this environment. The sampled subgraph is fed to the PyG convs
 as a torch sparse adjacency (PyG's ``adj_t``: one sparse-dense product per layer instead of a
-[num_edges, width] message tensor, 3x faster here), so only the sampling is ours. GraphSAGE trims
+[num_edges, width] message tensor, docs/training.md), so only the sampling is ours. GraphSAGE trims
 each layer to the nodes the next one needs, as PyG's ``trim_to_layer`` does.
 
 Epoch = roughly one pass over the data: GraphSAGE takes every training node once as a seed
@@ -22,7 +22,7 @@ sampled nodes (round(n / mean subgraph size), the rule behind PyG's example's ``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import scipy.sparse as sp
@@ -31,9 +31,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from mpifgl.graph import torch_csr
-from mpifgl.model import SparseFeatures, dropout, linear, select_rows
+from mpifgl.model import SparseFeatures, dropout, linear, make_features, select_rows
 from mpifgl.optim import Adam
-from mpifgl.trainer import Trainer
+from mpifgl.trainer import RankSetup
 
 # GraphSAINT pre-sampling: draw subgraphs until every node was sampled this many times on
 # average (PyG's example uses sample_coverage=100).
@@ -241,10 +241,10 @@ class PyGStack(nn.Module):
 def sparse_input_conv(conv: nn.Module, x: SparseFeatures, adjacency: torch.Tensor) -> torch.Tensor:
     """``conv`` on sparse (bag-of-words) input rows, transforming before aggregating with the
     conv's own parameters: A (X W^T) = (A X) W^T, and X W^T is a sparse product. PyG's convs
-    would take X dense: a GraphSAGE batch on Coauthor CS gathers ~18,000 x 6,805 input rows
-    (and draws a dropout mask for each entry), 55 s an epoch; this way the cost follows the
-    non-zeros. Same numbers as the conv on dense X (tests/test_baselines.py). ``adjacency``:
-    sparse [n_dst, n_src], targets = the first n_dst rows of ``x``."""
+    would take X dense, every input row of a batch with a dropout draw per entry
+    (docs/training.md); this way the cost follows the non-zeros. Same numbers as the conv on
+    dense X (tests/test_baselines.py). ``adjacency``: sparse [n_dst, n_src], targets = the first
+    n_dst rows of ``x``."""
     from torch_geometric.nn import GCNConv, GraphConv, SAGEConv
     n_dst = adjacency.shape[0]
     x_dst = x if n_dst == x.shape[0] else x.rows(np.arange(n_dst))
@@ -279,33 +279,29 @@ def csr_edge_index(adjacency: sp.csr_matrix) -> np.ndarray:
     return np.vstack([adjacency.indices, target]).astype(np.int64)
 
 
-class _CentralizedPyGTrainer(Trainer):
-    """A centralized Trainer whose model is a PyG stack on the Trainer's features (dense, or
-    sparse for bag-of-words). The run loop, evaluation counting, outputs and checkpoints are the
-    Trainer's."""
+def unit_adjacency(adjacency: sp.csr_matrix, dtype: torch.dtype) -> torch.Tensor:
+    """adj_t[v, u] = 1 per edge u -> v: the CSR itself with unit weights."""
+    return torch_csr(sp.csr_matrix((np.ones(adjacency.nnz), adjacency.indices, adjacency.indptr),
+                                   shape=adjacency.shape), dtype)
 
-    uses_node_sampler = False
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        if self.distributed:
-            raise ValueError(f"--algo {self.config.algo} is centralized; it runs in one process")
-        self.adjacency = self.graph.inner.tocsr()
-        self.features = self.x  # dense, or SparseFeatures for bag-of-words (--feature-format)
-        self.train_ids = np.flatnonzero(self.graph.train_mask).astype(np.int64)
-        widths = [self.graph.x.shape[1]] + [self.config.hidden] * (self.config.layers - 1) + \
-                 [self.num_classes]
-        self.model = PyGStack(self.make_conv, widths, self.config.dropout, self.config.weight_seed,
-                              self.dtype)
-        self.optimizer = Adam(self.model.parameters(), lr=self.config.lr,
-                              weight_decay=self.config.weight_decay)
-        # adj_t[v, u] = 1 per edge u -> v: the CSR itself with unit weights
-        self.full_adjacency = torch_csr(sp.csr_matrix(
-            (np.ones(self.adjacency.nnz), self.adjacency.indices, self.adjacency.indptr),
-            shape=self.adjacency.shape), self.dtype)
+class CentralizedPyGMethod:
+    """What GraphSAGE and GraphSAINT share: a PyG stack of ``make_conv`` layers on the whole
+    graph's features (dense, or sparse for bag-of-words), Adam, one optimizer step on a sampled
+    subgraph, and the full-graph forward on ``full_adjacency`` for evaluation. Each method adds
+    its sampler and its pass over the data (``train_step``)."""
 
-    def make_conv(self, in_dim: int, out_dim: int) -> nn.Module:
-        raise NotImplementedError
+    def __init__(self, setup: RankSetup, make_conv: Callable[[int, int], nn.Module],
+                 full_adjacency: torch.Tensor):
+        config, graph = setup.config, setup.graph
+        self.setup = setup
+        self.config = config if config.steps_per_epoch else config.replace(steps_per_epoch=1)
+        self.features = make_features(graph.x, setup.dtype, config.feature_format)
+        widths = [graph.x.shape[1]] + [config.hidden] * (config.layers - 1) + [setup.num_classes]
+        self.model = PyGStack(make_conv, widths, config.dropout, config.weight_seed, setup.dtype)
+        self.optimizer = Adam(self.model.parameters(), lr=config.lr,
+                              weight_decay=config.weight_decay)
+        self.full_adjacency = full_adjacency
 
     def step(self, nodes: np.ndarray, adjacency: torch.Tensor | list[torch.Tensor],
              out_rows: int, loss_weight: torch.Tensor | None) -> float:
@@ -313,12 +309,12 @@ class _CentralizedPyGTrainer(Trainer):
         (GraphSAGE's seeds) or over its training nodes weighted by ``loss_weight``."""
         self.model.train()
         self.optimizer.zero_grad()
-        logits = self.model(select_rows(self.features, nodes), adjacency, self.dropout_rng)
-        labels = self.y[torch.from_numpy(nodes)]
+        logits = self.model(select_rows(self.features, nodes), adjacency, self.setup.dropout_rng)
+        labels = self.setup.y[torch.from_numpy(nodes)]
         if loss_weight is None:
             loss = F.cross_entropy(logits[:out_rows], labels[:out_rows])
         else:
-            train = torch.from_numpy(self.graph.train_mask[nodes])
+            train = torch.from_numpy(self.setup.graph.train_mask[nodes])
             losses = F.cross_entropy(logits[train], labels[train], reduction="none")
             loss = (losses * loss_weight[train]).sum()
         loss.backward()
@@ -330,63 +326,83 @@ class _CentralizedPyGTrainer(Trainer):
         self.model.eval()
         return self.model(self.features, self.full_adjacency)
 
+    # -- checkpoints: the random streams (saved by the Trainer) are all of a rank's own state --
+    def rank_state(self) -> dict[str, Any]:
+        return {}
 
-class GraphSAGETrainer(_CentralizedPyGTrainer):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        fanouts = [int(v) for v in self.config.fanouts.split(",")]
-        if len(fanouts) != self.config.layers:
-            raise ValueError(f"--fanouts {self.config.fanouts!r} has {len(fanouts)} values, "
-                             f"expected one per layer (--layers {self.config.layers})")
-        self.neighbour_sampler = NeighbourSampler(self.adjacency, fanouts, self.sample_rng)
+    def restore_rank_state(self, state: dict[str, Any]) -> None:
+        pass
 
-    def make_conv(self, in_dim: int, out_dim: int) -> nn.Module:
-        from torch_geometric.nn import SAGEConv
-        return SAGEConv(in_dim, out_dim, aggr="mean")
+
+def require_one_process(setup: RankSetup) -> None:
+    if not setup.comm.is_single_process:
+        raise ValueError(f"--algo {setup.config.algo} is centralized; it runs in one process")
+
+
+def sage_conv(in_dim: int, out_dim: int) -> nn.Module:
+    from torch_geometric.nn import SAGEConv
+    return SAGEConv(in_dim, out_dim, aggr="mean")
+
+
+class GraphSAGEMethod(CentralizedPyGMethod):
+    def __init__(self, setup: RankSetup):
+        require_one_process(setup)
+        config = setup.config
+        fanouts = [int(v) for v in config.fanouts.split(",")]
+        if len(fanouts) != config.layers:
+            raise ValueError(f"--fanouts {config.fanouts!r} has {len(fanouts)} values, "
+                             f"expected one per layer (--layers {config.layers})")
+        adjacency = setup.graph.inner.tocsr()
+        super().__init__(setup, sage_conv, unit_adjacency(adjacency, setup.dtype))
+        self.train_ids = np.flatnonzero(setup.graph.train_mask).astype(np.int64)
+        self.neighbour_sampler = NeighbourSampler(adjacency, fanouts, setup.sample_rng)
 
     def train_step(self) -> float:
         """One pass over the training nodes in shuffled mini-batches; the mean batch loss."""
-        order = self.sample_rng.permutation(self.train_ids)
+        order = self.setup.sample_rng.permutation(self.train_ids)
         losses = []
         for start in range(0, order.shape[0], self.config.batch_size):
             seeds = order[start:start + self.config.batch_size]
             batch = self.neighbour_sampler.sample(seeds)
-            losses.append(self.step(batch.nodes, batch.layer_adjacencies(self.dtype),
+            losses.append(self.step(batch.nodes, batch.layer_adjacencies(self.setup.dtype),
                                     seeds.shape[0], None))
         return float(np.mean(losses)) if losses else 0.0
 
 
-class GraphSAINTTrainer(_CentralizedPyGTrainer):
+class GraphSAINTMethod(CentralizedPyGMethod):
     """--backbone gcn: GCNConv(normalize=False) on D~^-1/2 (A + I) D~^-1/2 (whole-graph degrees,
     self loops as explicit edges) with every neighbour entry times its aggregator weight; the
     self loop is not reweighted (node v's own row exists whenever v is sampled).
     --backbone 1gnn: GraphConv (sum aggregation, as our 1-GNN) with edge_weight = the
     aggregator weight (1 on the full graph)."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.walk_sampler = RandomWalkSampler(self.adjacency, self.config.batch_size,
-                                              self.config.walk_length, self.sample_rng)
+    def __init__(self, setup: RankSetup):
+        require_one_process(setup)
+        config, graph, self.dtype = setup.config, setup.graph, setup.dtype
+        adjacency = graph.inner.tocsr()
+        self.walk_sampler = RandomWalkSampler(adjacency, config.batch_size, config.walk_length,
+                                              setup.sample_rng)
         loss_weight, edge_norm, mean_size = saint_normalisation(self.walk_sampler,
-                                                                self.graph.train_mask)
+                                                                graph.train_mask)
         self.loss_weight = torch.from_numpy(loss_weight).to(self.dtype)
         self.edge_norm = edge_norm
-        self.subgraphs_per_pass = max(1, round(self.graph.num_nodes / mean_size))
-        degree = np.diff(self.adjacency.indptr).astype(np.float64) + 1.0  # d~, whole graph
-        target = np.repeat(np.arange(self.graph.num_nodes), np.diff(self.adjacency.indptr))
-        if self.config.backbone == "gcn":
-            self.base_weight = 1.0 / np.sqrt(degree[target] * degree[self.adjacency.indices])
+        self.subgraphs_per_pass = max(1, round(graph.num_nodes / mean_size))
+        degree = np.diff(adjacency.indptr).astype(np.float64) + 1.0  # d~, whole graph
+        target = np.repeat(np.arange(graph.num_nodes), np.diff(adjacency.indptr))
+        if config.backbone == "gcn":
+            self.base_weight = 1.0 / np.sqrt(degree[target] * degree[adjacency.indices])
             self.self_weight = 1.0 / degree
         else:
-            self.base_weight = np.ones(self.adjacency.nnz)
+            self.base_weight = np.ones(adjacency.nnz)
             self.self_weight = None
         # Evaluation: the whole graph (self loops included for gcn), no sampling weights.
-        self.full_adjacency = self.weighted_adjacency(
-            np.arange(self.graph.num_nodes), csr_edge_index(self.adjacency), self.base_weight)
+        full_adjacency = self.weighted_adjacency(np.arange(graph.num_nodes),
+                                                 csr_edge_index(adjacency), self.base_weight)
+        super().__init__(setup, self.make_conv, full_adjacency)
 
     def make_conv(self, in_dim: int, out_dim: int) -> nn.Module:
         from torch_geometric.nn import GCNConv, GraphConv
-        if self.config.backbone == "gcn":
+        if self.setup.config.backbone == "gcn":
             return GCNConv(in_dim, out_dim, normalize=False, add_self_loops=False)
         return GraphConv(in_dim, out_dim, aggr="add")
 

@@ -1,1 +1,0 @@
-"""Baseline methods the paper compares against, run on the same shards (docs/algorithms.md)."""

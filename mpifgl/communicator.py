@@ -1,0 +1,225 @@
+"""The communicator interface every part of the program talks to, and its one-process world.
+
+Who a rank is, in one vocabulary (used everywhere in mpifgl):
+
+* ``rank``, ``size``: the rank's place in the world;
+* ``is_server``: the root of every collective (rank 0): it gets the sums, writes the run
+  directory and logs;
+* ``is_client``: the rank holds graph nodes and trains on them; ``client_id`` is which client
+  (-1 on a server that is not also a client);
+* ``num_clients``: how many clients the world has;
+* ``is_single_process``: a world of one process that is server and client 0 at once (the
+  centralized algorithms and in-process tests).
+
+In an MPI world of m + 1 ranks, rank 0 is the server and rank r >= 1 serves client r - 1
+(``client_of_rank``). ``mpifgl.comm.MPICommunicator`` implements the interface over MPI (the only
+mpi4py import); ``LocalComm`` below implements it for one process.
+"""
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from typing import Any, ContextManager, Iterator, Protocol, runtime_checkable
+
+import numpy as np
+
+SERVER_RANK = 0
+
+
+def client_of_rank(rank: int) -> int:
+    """Client id served by an MPI rank (-1 for the server)."""
+    return rank - 1
+
+
+def rank_of_client(client_id: int) -> int:
+    return client_id + 1
+
+
+@runtime_checkable
+class Communicator(Protocol):
+    """What the program calls on a communicator. Every call below is collective: every rank of
+    the world makes it, in the same order. Arrays are numpy; "at the server" means the call
+    returns the result on the server and None elsewhere."""
+
+    rank: int
+    size: int
+    client_id: int
+    is_server: bool
+    is_client: bool
+    num_clients: int
+    is_single_process: bool
+    # traffic since the last reset_counters: logical payload, what this rank contributed to a
+    # collective is "sent", what it got back is "received"
+    seconds: float
+    bytes_sent: int
+    bytes_received: int
+    exchange_bytes_sent: int  # the cross-client exchange's share (counting_exchange)
+    exchange_bytes_received: int
+
+    def reset_counters(self) -> None: ...
+
+    def counting_exchange(self) -> ContextManager[None]:
+        """Inside this block, traffic is also counted as the cross-client exchange's."""
+        ...
+
+    # -- buffer collectives (the cross-client exchange) --------------------------------------
+    def gatherv(self, send: np.ndarray, counts: np.ndarray | None) -> np.ndarray | None:
+        """Every rank's buffer end to end at the server, flat; ``counts`` [size] at the server."""
+        ...
+
+    def scatterv(self, send: np.ndarray | None, counts: np.ndarray | None, receive_count: int,
+                 dtype: np.dtype) -> np.ndarray:
+        """The server's flat ``send`` cut into ``counts``; each rank gets its ``receive_count``."""
+        ...
+
+    def reduce_sum(self, buffer: np.ndarray) -> np.ndarray | None:
+        """The sum of every rank's ``buffer`` at the server (in the server's buffer)."""
+        ...
+
+    def gather_equal(self, send: np.ndarray) -> np.ndarray | None:
+        """Every rank's buffer of one shape -> [size, *shape] at the server."""
+        ...
+
+    def broadcast_array(self, values: np.ndarray | None) -> np.ndarray:
+        """The server's int64 1-D array on every rank."""
+        ...
+
+    # -- small sums and gathers --------------------------------------------------------------
+    def sum_to_all(self, values: np.ndarray) -> np.ndarray:
+        """The sum over ranks on every rank, bit-identical everywhere."""
+        ...
+
+    def sum_to_server(self, values: np.ndarray) -> np.ndarray | None: ...
+
+    def max_to_all(self, values: np.ndarray) -> np.ndarray:
+        """The element-wise maximum of an int64 vector over ranks, on every rank."""
+        ...
+
+    def gather_rows(self, row: np.ndarray) -> np.ndarray | None:
+        """One float64 row per rank -> [size, k] at the server."""
+        ...
+
+    def allgather_rows(self, row: np.ndarray) -> np.ndarray:
+        """One int64 row per rank, one length everywhere -> [size, k] on every rank."""
+        ...
+
+    def gatherv_rows(self, rows: np.ndarray) -> list[np.ndarray] | None:
+        """Every rank's 2-D array (one width) -> one array per rank at the server."""
+        ...
+
+    # -- set-up, checkpoints, errors (pickled, rare) -----------------------------------------
+    def broadcast_object(self, value: Any) -> Any: ...
+
+    def gather_objects(self, value: Any) -> list[Any] | None: ...
+
+    def scatter_objects(self, values: list[Any] | None) -> Any: ...
+
+    def agree_on_errors(self, error: str | None) -> list[tuple[int, int, str]]:
+        """Every rank's set-up error as (rank, client id, message), on every rank."""
+        ...
+
+    def wait_for_server(self, poll_seconds: float = 0.05) -> None:
+        """A barrier that leaves the CPU to the server while it works."""
+        ...
+
+    def abort(self, code: int = 1) -> None:
+        """End the whole job from this rank."""
+        ...
+
+
+class LocalComm:
+    """The world of one process holding the whole graph: the server and client 0 at once.
+
+    Every collective of ``Communicator`` with one rank: sums and gathers of one contribution,
+    nothing to wait for, no traffic. Results are fresh arrays, as MPI's are."""
+
+    rank, size = SERVER_RANK, 1
+    client_id, num_clients = 0, 1
+    is_server = is_client = is_single_process = True
+
+    def __init__(self) -> None:
+        self.reset_counters()
+
+    def reset_counters(self) -> None:
+        self.seconds = 0.0
+        self.bytes_sent = self.bytes_received = 0
+        self.exchange_bytes_sent = self.exchange_bytes_received = 0
+
+    @contextmanager
+    def counting_exchange(self) -> Iterator[None]:
+        yield  # one rank moves no bytes
+
+    # -- buffer collectives ------------------------------------------------------------------
+    def gatherv(self, send: np.ndarray, counts: np.ndarray | None) -> np.ndarray:
+        flat = np.array(send).reshape(-1)
+        _check_counts(counts, flat.shape[0], "gatherv")
+        return flat
+
+    def scatterv(self, send: np.ndarray | None, counts: np.ndarray | None, receive_count: int,
+                 dtype: np.dtype) -> np.ndarray:
+        flat = np.asarray(send, dtype=dtype).reshape(-1)
+        _check_counts(counts, flat.shape[0], "scatterv")
+        if int(receive_count) != flat.shape[0]:
+            raise ValueError(f"scatterv: receive count {receive_count}, the one rank is sent "
+                             f"{flat.shape[0]} elements")
+        return flat.copy()
+
+    def reduce_sum(self, buffer: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(buffer)
+
+    def gather_equal(self, send: np.ndarray) -> np.ndarray:
+        return np.array(send)[None]
+
+    def broadcast_array(self, values: np.ndarray | None) -> np.ndarray:
+        return np.array(values, dtype=np.int64)
+
+    # -- small sums and gathers --------------------------------------------------------------
+    def sum_to_all(self, values: np.ndarray) -> np.ndarray:
+        return np.array(values)
+
+    def sum_to_server(self, values: np.ndarray) -> np.ndarray:
+        return np.array(values)
+
+    def max_to_all(self, values: np.ndarray) -> np.ndarray:
+        return np.array(values, dtype=np.int64)
+
+    def gather_rows(self, row: np.ndarray) -> np.ndarray:
+        return np.array(row, dtype=np.float64)[None, :]
+
+    def allgather_rows(self, row: np.ndarray) -> np.ndarray:
+        return np.array(row, dtype=np.int64)[None, :]
+
+    def gatherv_rows(self, rows: np.ndarray) -> list[np.ndarray]:
+        return [np.array(rows)]
+
+    # -- set-up, checkpoints, errors ---------------------------------------------------------
+    def broadcast_object(self, value: Any) -> Any:
+        return value
+
+    def gather_objects(self, value: Any) -> list[Any]:
+        return [value]
+
+    def scatter_objects(self, values: list[Any] | None) -> Any:
+        if values is None or len(values) != 1:
+            raise ValueError(f"scatter_objects in a world of one rank needs one value, got "
+                             f"{None if values is None else len(values)}")
+        return values[0]
+
+    def agree_on_errors(self, error: str | None) -> list[tuple[int, int, str]]:
+        return [(self.rank, self.client_id, error)] if error else []
+
+    def wait_for_server(self, poll_seconds: float = 0.05) -> None:
+        pass  # the one process is the server
+
+    def abort(self, code: int = 1) -> None:
+        """The whole job is this process: exit with ``code``."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        raise SystemExit(code)
+
+
+def _check_counts(counts: np.ndarray | None, elements: int, call: str) -> None:
+    """The server's counts of a one-rank world: one entry, the whole buffer."""
+    if counts is not None and (len(counts) != 1 or int(counts[0]) != elements):
+        raise ValueError(f"{call}: counts {list(np.asarray(counts))} for a world of one rank "
+                         f"holding {elements} elements, expected [{elements}]")

@@ -1,0 +1,221 @@
+"""``ours`` and ``centralized``: the paper's GNN over every client's nodes, its cross-client terms
+exchanged through the server each layer (in one process: the whole graph, nothing exchanged).
+``bns`` is the same method with another sampler (``mpifgl.methods.bns``).
+
+Phases of one step: sample -> forward (one cross-client exchange per layer) -> loss ->
+backward (the same exchange per layer, with gradients) -> gradient sum -> optimizer step.
+
+Loss weighting: the loss is the sum of cross-entropies over the training nodes in the step's
+rows (all nodes, or the sample), divided by the GLOBAL number of such nodes. Without sampling this
+is exactly the centralized mean cross-entropy, so gradients match centralized training.
+
+The server of an MPI world holds no nodes: it takes part in every collective and computes only
+the sums.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from mpifgl.config import TrainConfig
+from mpifgl.exchange import CrossClientExchange
+from mpifgl.graph import CrossExchangePlan, LayerOperator, build_operator, numpy_dtype
+from mpifgl.model import GNN, flat_grads, make_features, select_rows, set_flat_grads
+from mpifgl.optim import Adam
+from mpifgl.sampling import (NodeSample, NodeSampler, client_sample_sizes, make_distribution,
+                             steps_for_sample)
+from mpifgl.trainer import RankSetup
+
+
+class StepSampler(Protocol):
+    """Which of its nodes each client keeps for one step (the server keeps none)."""
+
+    capacity: int  # the most nodes any client's sample can hold, the same on every rank
+    steps_per_epoch: int  # what --steps-per-epoch 0 means with this sampler
+
+    def resolved(self, config: TrainConfig) -> TrainConfig:
+        """``config`` with the values this sampler settled (recorded in config.json)."""
+        ...
+
+    def sample(self) -> NodeSample | None:
+        """This step's sample of this rank's nodes; None on the server."""
+        ...
+
+
+class LabelGuidedSampler:
+    """``--sampling label|uniform``: s_i draws per client from the sampling distribution Q
+    (label-guided: by the global counts of each group; see mpifgl/sampling.py)."""
+
+    def __init__(self, setup: RankSetup):
+        config, graph = setup.config, setup.graph
+        n = int(graph.client_sizes.sum())
+        self.total_draws = config.sample_size or max(1, -(-n // 4))
+        self.draws_per_client = client_sample_sizes(graph.client_sizes, self.total_draws)  # s_i
+        self.node_sampler: NodeSampler | None = None
+        if setup.comm.is_client:
+            distribution = make_distribution(config.sampling, setup.groups,
+                                             setup.global_group_counts)
+            self.node_sampler = NodeSampler(distribution,
+                                            int(self.draws_per_client[graph.client_id]),
+                                            setup.sample_rng, normalize=not config.no_normalize)
+        # s_i draws give at most s_i distinct nodes
+        self.capacity = int(self.draws_per_client.max())
+        # ceil(n / s - 1e-6) steps draw about n nodes: one pass over the graph, as any
+        # mini-batch trainer; why not fewer, larger samples: docs/training.md (steps per epoch)
+        self.steps_per_epoch = steps_for_sample(n, int(self.draws_per_client.sum()))
+
+    def resolved(self, config: TrainConfig) -> TrainConfig:
+        return config.replace(sample_size=self.total_draws)
+
+    def sample(self) -> NodeSample | None:
+        return self.node_sampler.sample() if self.node_sampler is not None else None
+
+
+class GNNMethod:
+    """One rank's side of the distributed GNN (``ours``), or the whole of it in one process
+    (``centralized``). ``sampler`` None: every step is a full-graph step."""
+
+    def __init__(self, setup: RankSetup, sampler: StepSampler | None):
+        config, comm, graph = setup.config, setup.comm, setup.graph
+        self.setup, self.comm, self.graph, self.sampler = setup, comm, graph, sampler
+        self.dtype = setup.dtype
+        self.numpy_dtype = numpy_dtype(self.dtype)
+        self.x = make_features(graph.x, self.dtype, config.feature_format)
+        self.model = GNN(config.backbone, graph.x.shape[1], config.hidden, setup.num_classes,
+                         config.layers, config.dropout, config.weight_seed, self.dtype)
+        self.optimizer = Adam(self.model.parameters(), lr=config.lr,
+                              weight_decay=config.weight_decay)
+        self.exchanged = not comm.is_single_process  # cross-client terms go through the server
+        self.exchange = (CrossClientExchange(comm, config.exchange,
+                                             int(config.exchange_buffer_mb * 2 ** 20),
+                                             max(self.model.widths[1:]), self.numpy_dtype,
+                                             setup.secure)
+                         if self.exchanged else None)
+        if sampler is not None:
+            config = sampler.resolved(config)
+        if config.steps_per_epoch == 0:
+            config = config.replace(steps_per_epoch=sampler.steps_per_epoch if sampler else 1)
+        self.config = config
+        self.full_operator = self.prepared(build_operator(graph, config.backbone, None, None,
+                                                         self.dtype, exchanged=self.exchanged))
+
+    def prepared(self, operator: LayerOperator) -> LayerOperator:
+        """Agree on the operator's exchange chunks with the other ranks (collective: the compact
+        exchanges send their row ids to the server here, once per operator)."""
+        if self.exchange is not None and operator.exchange is not None:
+            self.exchange.prepare(operator.exchange)
+        return operator
+
+    # -- one step -------------------------------------------------------------------------------
+    def train_step(self) -> float:
+        operator, global_train_rows = self.sample_operator()
+        loss = self.loss_and_gradients(operator, global_train_rows)
+        self.optimizer.step()
+        return loss
+
+    def sample_operator(self) -> tuple[LayerOperator, int]:
+        """Phase 'sample': this step's operator and the global count of training rows in it."""
+        if self.sampler is None:
+            return self.full_operator, self.setup.global_split_counts["train"]
+        return self.operator_for_sample(self.sampler.sample())
+
+    def sample_capacity(self) -> int:
+        """The most nodes any client's sample can hold, the same on every rank."""
+        if self.sampler is not None:
+            return self.sampler.capacity
+        return int(self.graph.client_sizes.max())
+
+    def operator_for_sample(self, sample: NodeSample | None) -> tuple[LayerOperator, int]:
+        """Share every client's sample (sorted local index + p(u); None on the server) and build
+        this rank's operator for their union, with the global count of training rows in it.
+        Collective: every rank calls it once per step. Any sampler can feed it (e.g. BNS-GCN)."""
+        index = sample.index if sample is not None else np.zeros(0, dtype=np.int64)
+        probability = sample.probability if sample is not None else np.zeros(0)
+        train_rows = int(self.graph.train_mask[index].sum())
+        # One Allgather of fixed-length rows [size, train rows, index, padding]: far cheaper
+        # than an Allgatherv of the indices (docs/training.md)
+        capacity = self.sample_capacity()
+        if index.shape[0] > capacity:
+            raise ValueError(f"a sample of {index.shape[0]} nodes on client "
+                             f"{self.graph.client_id}, expected at most {capacity}")
+        packed = np.full(2 + capacity, -1, dtype=np.int64)
+        packed[:2] = index.shape[0], train_rows
+        packed[2:2 + index.shape[0]] = index
+        table = self.comm.allgather_rows(packed)
+        by_rank = [row[2:2 + row[0]] for row in table]
+        samples = by_rank if self.comm.is_single_process else by_rank[1:]  # the server's is empty
+        operator = self.prepared(build_operator(self.graph, self.config.backbone, samples,
+                                                probability, self.dtype,
+                                                exchanged=self.exchanged))
+        return operator, int(table[:, 1].sum())
+
+    def loss_and_gradients(self, operator: LayerOperator, global_train_rows: int) -> float:
+        """Phases forward, loss, backward, gradient sum: leaves the GLOBAL gradient in every
+        parameter's .grad on every rank and returns the global loss."""
+        if not self.comm.is_client:
+            return self._server_loss_and_gradients(operator.exchange)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=False)
+        # The full-graph operator's rows are all nodes in order: no copy of the features.
+        x = self.x if operator is self.full_operator else select_rows(self.x, operator.rows)
+        logits = self.model(x, operator, self.exchange, self.setup.dropout_rng)
+        train = torch.from_numpy(self.setup.masks["train"][operator.rows])
+        loss = F.cross_entropy(logits[train], self.setup.y[operator.rows][train],
+                               reduction="sum")
+        loss = loss / max(1, global_train_rows)
+        loss.backward()
+        return self._sum_gradients_and_loss(flat_grads(self.model), float(loss.detach()))
+
+    def _sum_gradients_and_loss(self, grads: np.ndarray, loss: float) -> float:
+        """Phase 'gradient sum': one message of all gradients + the loss, summed over ranks; the
+        sums go into every parameter's .grad and the summed loss is returned."""
+        vector = np.append(grads, np.asarray(loss, dtype=grads.dtype))
+        if self.setup.secure is not None:  # zero-sum masks: the server learns only the totals
+            segments = [p.numel() for p in self.model.parameters()] + [1]
+            summed = self.setup.secure.sum_to_all(self.comm, vector, segments)
+        else:
+            summed = self.comm.sum_to_all(vector)
+        set_flat_grads(self.model, summed[:-1])
+        return float(summed[-1])
+
+    # -- the server's share of a step: sums only ---------------------------------------------
+    def server_exchanges(self, plan: CrossExchangePlan, backward: bool) -> None:
+        """The cross-client exchanges of one forward pass (layers 1..L) and, when training, of
+        its backward pass (layers L..1), in the order every client's autograd runs them. The
+        server contributes zeros to each sum: it has no nodes, so it builds no operator and
+        runs no model (a model on an empty graph still costs CPU per step outside MPI)."""
+        widths = self.model.widths[1:]
+        for width in widths + (widths[::-1] if backward else []):
+            self.exchange(plan, torch.zeros((0, width), dtype=self.dtype))
+
+    def _server_loss_and_gradients(self, plan: CrossExchangePlan) -> float:
+        self.server_exchanges(plan, backward=True)
+        size = sum(p.numel() for p in self.model.parameters())
+        return self._sum_gradients_and_loss(np.zeros(size, dtype=self.numpy_dtype), 0.0)
+
+    # -- evaluation -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def full_logits(self) -> torch.Tensor:
+        """Full-graph forward (the exchange of every layer); [0, C] on the server."""
+        if not self.comm.is_client:
+            self.server_exchanges(self.full_operator.exchange, backward=False)
+            return torch.zeros((0, self.setup.num_classes), dtype=self.dtype)
+        self.model.eval()
+        return self.model(self.x, self.full_operator, self.exchange)
+
+    # -- checkpoints: the random streams (saved by the Trainer) are all of a rank's own state --
+    def rank_state(self) -> dict[str, Any]:
+        return {}
+
+    def restore_rank_state(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def build_gnn(setup: RankSetup) -> GNNMethod:
+    """``ours`` / ``centralized``: the label-guided (or uniform) sampler, or the full graph with
+    ``--sampling none``."""
+    return GNNMethod(setup, None if setup.config.sampling == "none"
+                     else LabelGuidedSampler(setup))

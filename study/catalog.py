@@ -1,0 +1,74 @@
+"""The one method catalog of the study: every method's name, its label in the report's tables,
+the ``mpifgl.train`` algorithm and flags that make it, and the sections it is a row of.
+
+The plan (``study.plan``) and the report (``study.report``) both read this module; a method
+added here appears in the plan, the run directory names and the tables.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mpifgl.methods import get_method
+
+# The paper's tables and figures, in report order.
+SECTIONS = ("table2", "fig3", "fig4", "table4", "table5", "fig5", "fig6")
+
+
+@dataclass(frozen=True)
+class Method:
+    """A row of the report: an ``--algo`` of ``mpifgl.train`` plus the flags that make the variant."""
+
+    name: str  # in run directory names, plan.json and the CSVs
+    label: str  # in the Markdown tables and plot legends
+    algo: str  # mpifgl.train --algo
+    flags: tuple[str, ...] = ()  # extra mpifgl.train flags
+
+    @property
+    def distributed(self) -> bool:
+        """Runs under ``mpirun -n M+1`` (else one process on the merged shards)."""
+        return get_method(self.algo).distributed
+
+
+METHODS = {m.name: m for m in (
+    Method("ours", "Ours (GCN)", "ours"),
+    Method("ours-1gnn", "Ours (1-GNN)", "ours", ("--backbone", "1gnn")),
+    Method("centralized", "Centralized GCN", "centralized"),
+    Method("centralized-1gnn", "Centralized 1-GNN", "centralized", ("--backbone", "1gnn")),
+    Method("graphsage", "GraphSAGE", "graphsage"),
+    Method("graphsaint", "GraphSAINT", "graphsaint"),
+    Method("fedavg", "FedAvg+GCN", "fedavg"),
+    Method("fedavg-nc", "FedAvg+NC (20%)", "fedavg-nc"),
+    Method("bns", "BNS-GCN", "bns"),
+    Method("ours-full", "ours-full", "ours", ("--sampling", "none")),  # no sampling
+    Method("ours-star", "ours*", "ours", ("--no-normalize",)),  # sampling without 1/p
+)}
+
+# The rows of each section, in table order. Figures 3 and 4 also run "centralized" as the
+# reference their local bias is measured against (see study.plan).
+SECTION_METHODS = {
+    "table2": ("ours", "ours-1gnn", "centralized", "centralized-1gnn", "graphsage",
+               "graphsaint", "fedavg", "fedavg-nc", "bns"),
+    "fig3": ("ours", "fedavg", "fedavg-nc"),
+    "fig4": ("ours", "fedavg", "fedavg-nc"),
+    "table4": ("ours-full", "fedavg", "ours"),  # ours-full plays CAGNET's role (full batch)
+    "table5": ("ours-full", "ours-star", "ours"),  # the ablation
+    "fig5": ("ours",),
+    "fig6": ("ours", "ours-full"),
+}
+REFERENCE_METHOD = "centralized"  # local bias = distance of a run's logits to this method's
+
+
+def methods_of(section: str) -> tuple[str, ...]:
+    """Names of the methods that are rows of ``section``, in table order."""
+    return SECTION_METHODS[section]
+
+
+def label_of(name: str) -> str:
+    """Label of method ``name`` in tables; a name the catalog does not know (an older plan)
+    is its own label."""
+    return METHODS[name].label if name in METHODS else name
+
+
+def algo_of(name: str) -> str:
+    """``--algo`` of method ``name``; an unknown name is taken as an algorithm name."""
+    return METHODS[name].algo if name in METHODS else name

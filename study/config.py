@@ -1,0 +1,153 @@
+"""The study's configuration: ``StudyConfig`` (every knob of the plan, with the reason for its
+default) and ``StudyArgs`` (the command line, one ``--flag`` per field, through
+``fgl_common.cli``), which ``study_config`` turns into a ``StudyConfig``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from fgl_common.cli import option
+from study.catalog import SECTIONS
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """Every knob of the plan. The defaults are the paper's protocol at the size that fits
+    90 minutes on a 2-core machine (docs/experiments.md): one seed; pass --seeds 0,1,2 on a
+    bigger machine."""
+
+    datasets: tuple[str, ...]
+    out: Path
+    seeds: tuple[int, ...] = (0,)  # Table 2 / Table 5 seeds (mean and std when > 1)
+    epochs: int = 200  # Table 2 / 5 epochs (the paper's)
+    dataset_epochs: tuple[tuple[str, int], ...] = ()  # per-dataset override of ``epochs``
+    # GraphSAGE and GraphSAINT take many mini-batch steps per epoch: they get the epochs that
+    # give them about as many optimizer steps as the full-batch methods take in ``epochs`` (see
+    # ``study.plan.equal_step_epochs``), but at least ``min_minibatch_epochs`` passes over the
+    # data, below which they stop short of their accuracy (docs/experiments.md).
+    equal_steps: bool = True
+    min_minibatch_epochs: int = 40
+    figure_datasets: tuple[str, ...] = ("cora",)  # figures 3-6 and table 4: smallest graph
+    figure_seeds: tuple[int, ...] = (0,)
+    figure_epochs: int = 200  # = epochs: the 8-client runs are shared with Table 2
+    client_counts: tuple[int, ...] = (4, 8, 16, 32)  # figure 3 (the paper's)
+    main_clients: int = 8  # Table 2: the paper's 8 clients
+    overhead_clients: tuple[int, ...] = (4, 8)  # table 4 (the paper's)
+    ablation_datasets: tuple[str, ...] = ("cora",)  # table 5; empty: all --datasets
+    step_lengths: tuple[int, ...] = (1, 2, 4, 8)  # figure 5: steps per epoch
+    fig5_nodes_fraction: float = 1.0  # figure 5: nodes drawn per epoch, as a fraction of n
+    fig5_epochs: int = 5  # figure 5: the paper averages 10 epochs; 5 suffice for a mean
+    only: tuple[str, ...] = SECTIONS
+    lr: float = 0.01  # fixed lr when --lr-search is off (the paper's middle value)
+    lr_search: bool = False
+    data_root: str | None = None
+    timeout: float = 900.0  # per run
+    budget_minutes: float = 0.0  # > 0: launch no run that would end after this (0: no limit)
+    retry_failed: bool = False
+    dry_run: bool = False
+
+    @classmethod
+    def quick(cls, **values) -> "StudyConfig":
+        """Minutes-scale smoke version: one seed, 2 epochs, 2-3 clients."""
+        base = dict(seeds=(0,), epochs=2, figure_seeds=(0,), figure_epochs=2, dataset_epochs=(),
+                    client_counts=(2, 3), main_clients=2, overhead_clients=(2,),
+                    step_lengths=(1, 2), fig5_epochs=2, timeout=120.0)
+        base.update(values)
+        if "datasets" in values and "figure_datasets" not in values:
+            base["figure_datasets"] = tuple(values["datasets"][:1])
+        return cls(**base)
+
+    def epochs_for(self, dataset: str) -> int:
+        """Table 2 / 5 epochs of ``dataset`` (per-dataset override, else --epochs)."""
+        return dict(self.dataset_epochs).get(dataset, self.epochs)
+
+    def validate(self) -> None:
+        if not self.datasets:
+            raise ValueError("--datasets is empty, expected a comma-separated list")
+        unknown = [s for s in self.only if s not in SECTIONS]
+        if unknown:
+            raise ValueError(f"--only {','.join(unknown)}: unknown section(s), expected some of "
+                             f"{','.join(SECTIONS)}")
+        if not self.seeds or any(s < 0 for s in self.seeds):
+            raise ValueError(f"--seeds {self.seeds}: expected non-negative integers")
+        if self.epochs < 1 or self.figure_epochs < 1:
+            raise ValueError(f"--epochs {self.epochs}: expected an integer >= 1")
+        if self.lr <= 0:
+            raise ValueError(f"--lr {self.lr}: expected a positive number")
+
+
+@dataclass(frozen=True)
+class StudyArgs:
+    """The command line of ``python -m study``. Lists are comma-separated; a flag left out
+    keeps ``StudyConfig``'s default (or ``--quick``'s)."""
+
+    datasets: str = option(None, "datasets, e.g. cora,citeseer,amazon-computers,coauthor-cs",
+                           required=True)
+    out: Path = option(None, "report directory", required=True)
+    seeds: str | None = option(None, "Table 2/5 seeds (default 0: the 90-minute plan; e.g. "
+                                     "0,1,2)")
+    epochs: int | None = option(None, "epochs of Table 2/5 runs (default 200, the paper's; "
+                                      "quick: 2)")
+    figure_epochs: int | None = option(None, "epochs of the figure runs (default 200; quick: 2)")
+    figure_datasets: str | None = option(None, "datasets of figures 3-6 and table 4 (default: "
+                                               "cora, else the first of --datasets)")
+    ablation_datasets: str | None = option(None, "datasets of table 5 (default: cora)")
+    clients: str | None = option(None, "figure 3 client counts (default 4,8,16,32, the paper's)")
+    same_epochs: bool = option(False, "run GraphSAGE and GraphSAINT for --epochs epochs too "
+                                      "(default: the epochs that give them about --epochs "
+                                      "optimizer steps)")
+    quick: bool = option(False, "smoke test: 1 seed, 2 epochs, 2-3 clients")
+    only: str = option(",".join(SECTIONS), f"sections to run, some of {','.join(SECTIONS)}")
+    data_root: str | None = option(None, "raw datasets directory (data_prep's --data-root)")
+    lr: float = option(0.01, "fixed lr without --lr-search")
+    lr_search: bool = option(False, "pick lr in {0.1, 0.01, 0.001} per dataset and method on "
+                                    "seed seeds[0] by best validation micro-F1")
+    timeout: float | None = option(None, "seconds per run (900)")
+    budget_minutes: float = option(0.0, "launch no run that the cost model (scaled by the runs "
+                                        "measured so far) expects to end after this many "
+                                        "minutes; such runs are reported as 'budget' and run on "
+                                        "the next invocation")
+    retry_failed: bool = option(False, "run again the runs recorded as failed")
+    dry_run: bool = option(False, "print the plan and its estimated duration, run nothing")
+    report_only: bool = option(False, "rewrite the report from the runs present, run nothing")
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
+def _ints(flag: str, text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: expected comma-separated integers") from None
+
+
+def study_config(args: StudyArgs) -> StudyConfig:
+    """The plan's configuration from the command line; ValueError names the flag at fault."""
+    values = {"datasets": _names(args.datasets), "out": args.out,
+              "only": _names(args.only), "lr": args.lr, "lr_search": args.lr_search,
+              "data_root": args.data_root, "retry_failed": args.retry_failed,
+              "dry_run": args.dry_run, "budget_minutes": args.budget_minutes,
+              "equal_steps": not args.same_epochs}
+    optional = {
+        "seeds": None if args.seeds is None else _ints("--seeds", args.seeds),
+        "epochs": args.epochs, "figure_epochs": args.figure_epochs,
+        "figure_datasets": (None if args.figure_datasets is None
+                            else _names(args.figure_datasets)),
+        "client_counts": None if args.clients is None else _ints("--clients", args.clients),
+        "ablation_datasets": (None if args.ablation_datasets is None
+                              else _names(args.ablation_datasets)),
+        "timeout": args.timeout}
+    values.update({k: v for k, v in optional.items() if v is not None})
+    if "seeds" in values:
+        values["figure_seeds"] = values["seeds"][:1]
+    if args.epochs is not None:
+        values["dataset_epochs"] = ()  # an explicit --epochs applies to every dataset
+    config = StudyConfig.quick(**values) if args.quick else StudyConfig(**values)
+    if args.figure_datasets is None and not args.quick:
+        config = replace(config, figure_datasets=("cora",) if "cora" in config.datasets
+                         else config.datasets[:1])
+    config.validate()
+    return config

@@ -1,0 +1,89 @@
+"""The study's report, written from fake run directories (no training is launched)."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from study.config import StudyConfig
+from study.plan import build_plan
+from study.report import collect_rows, summarize_metrics, write_report
+
+
+# -- report from fake run directories -----------------------------------------------------------
+def _fake_run(root: Path, key: str, f1: float, logits: np.ndarray, ranks: int = 3,
+              epochs: int = 3) -> None:
+    run = root / "runs" / key
+    run.mkdir(parents=True)
+    (run / "final.json").write_text(json.dumps({"test_micro_f1": f1, "best_val_micro_f1": f1,
+                                                "best_epoch": 2, "dataset": "cora"}))
+    (run / "config.json").write_text(json.dumps({"shards": "", "seed": 0}))
+    lines = [json.dumps({"epoch": e, "loss": 1.0, "test_micro_f1": f1 * e / epochs,
+                         "val_micro_f1": f1, "train_micro_f1": f1, "epoch_seconds": 0.5,
+                         "compute_seconds": 0.3, "comm_seconds": 0.1,
+                         "bytes_sent": [2 ** 20] * ranks, "bytes_received": [2 ** 20] * ranks,
+                         "peak_rss_mb": [100.0 + r for r in range(ranks)]})
+             for e in range(1, epochs + 1)]
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (run / "driver.json").write_text(json.dumps({"wall_seconds": 7.0}))
+    np.save(run / "logits.npy", logits)
+
+
+def test_report_from_fake_runs(tmp_path):
+    config = StudyConfig(datasets=("cora",), out=tmp_path, seeds=(0, 1), figure_seeds=(0,),
+                         client_counts=(4, 8), only=("table2", "fig3", "fig5"), epochs=100,
+                         figure_epochs=100,
+                         step_lengths=(1, 2))
+    plan = build_plan(config, lambda d, m: 0.01, lambda d: 100)
+    payload = plan.to_json()
+    payload.update(config={"datasets": ["cora"], "seeds": [0, 1]},
+                   unavailable={"bns": "ModuleNotFoundError: no bns"}, sessions=[])
+    (tmp_path / "plan.json").write_text(json.dumps(payload))
+    ref = np.zeros((4, 2))
+    for key in plan.runs:
+        if "bns" in key:
+            continue
+        if "graphsage" in key:
+            (tmp_path / "runs" / key).mkdir(parents=True)
+            (tmp_path / "runs" / key / "FAILED.json").write_text(json.dumps(
+                {"reason": "timed out after 9 s", "stderr_tail": ["boom"]}))
+            continue
+        seed1 = key.endswith("s1")
+        logits = ref + (0.5 if seed1 else 0.0)
+        if "/ours-" in key:
+            logits = ref + np.array([3.0, 4.0])  # distance 5 from the reference
+        f1 = 0.8 if not seed1 else 0.9
+        _fake_run(tmp_path, key, f1, logits)
+    rows = {r.key: r for r in collect_rows(tmp_path, json.loads((tmp_path / "plan.json")
+                                                                .read_text()))}
+    ours = rows["cora/random-m8/ours-lr0.01-e100-s0"]
+    assert ours.status == "done" and ours.local_bias == pytest.approx(5.0)
+    assert ours.noise_floor == pytest.approx(math.sqrt(0.5))
+    assert ours.client_mb_per_epoch == pytest.approx(2.0)
+    assert rows["cora/random-m8/bns-lr0.01-e100-s0"].status == "unavailable"
+    assert rows["cora/random-m8/graphsage-lr0.01-e100-s0"].status == "failed"
+    path = write_report(tmp_path)
+    text = path.read_text()
+    assert "| Ours (GCN) | 85.00 ± 5.00 | 89.90 | 95.54 | 79.15 |" in text
+    assert "| BNS-GCN | unavailable |" in text and "| GraphSAGE | failed |" in text
+    assert "80.00 / 5.000" in text  # figure 3: F1 / bias of ours
+    for name in ("runs.csv", "table2.csv", "fig3.csv", "fig3.png", "fig5.csv", "fig5.png"):
+        assert (tmp_path / name).is_file(), name
+    table2 = (tmp_path / "table2.csv").read_text().splitlines()
+    method, mean, std, n = table2[1].split(",")[:4]
+    assert (method, int(n)) == ("ours", 2)
+    assert (float(mean), float(std)) == pytest.approx((0.85, 0.05))
+
+
+def test_summarize_metrics_skips_warmup_epoch():
+    records = [{"epoch_seconds": 9.0, "compute_seconds": 9.0, "comm_seconds": 0.0,
+                "bytes_sent": [0, 2 ** 20], "bytes_received": [0, 0], "peak_rss_mb": [1, 2]},
+               {"epoch_seconds": 1.0, "compute_seconds": 0.5, "comm_seconds": 0.5,
+                "bytes_sent": [0, 2 ** 21], "bytes_received": [2 ** 20, 0],
+                "peak_rss_mb": [1, 3]}]
+    out = summarize_metrics(records)
+    assert out["epoch_seconds"] == 1.0 and out["client_mb_per_epoch"] == 2.0
+    assert out["server_mb_per_epoch"] == 1.0 and out["client_peak_rss_mb"] == 3.0
