@@ -43,7 +43,9 @@ import torch
 
 from mpifgl.communicator import Communicator
 from mpifgl.graph import CrossExchangePlan, CSRArrays
-from mpifgl.secure import ExchangeMasks, SecureSession, ring_of
+from mpifgl.secure import (EMPTY_EXPONENT, ExchangeMasks, SecureSession, ceil_exponent,
+                           exponent_word, largest_exponent, ring_of, scale_exponent,
+                           word_exponent)
 
 MODES = ("compact", "compact-reduce", "reduce", "star")
 COMPACT_MODES = ("compact", "compact-reduce")
@@ -109,6 +111,7 @@ class CrossClientExchange:
         self.mode = mode
         self.dtype = np.dtype(dtype)
         self.masking = masking
+        self._pass, self._calls = "exchange", 0  # --secure: the slot of the next exchange
         # what travels and what the server adds: ring words when masked, else the floats
         self.wire_dtype = ring_of(self.dtype) if masking is not None else self.dtype
         # rows of the widest exchange that fit the buffer cap
@@ -267,30 +270,13 @@ class CrossClientExchange:
         # compact modes: an owner's sum rows are its receive rows; dense: all its rows
         receive_rows = plan.receive_rows if self.mode in COMPACT_MODES else None
         with self.comm.counting_exchange():
-            secure, first_rows = self._agree_masking(plan, routing, values)
+            if self.masking is not None:
+                self._masked_exchange(plan, values, result, receive_rows, add)
+                return
             for c in range(routing.num_chunks):
-                summed = self._sum_chunk(plan, routing, c, values, secure,
-                                         first_rows if c == 0 else None)
+                summed = self._sum_chunk(plan, routing, c, values)
                 self._scatter_chunk(routing, c, summed, result, receive_rows, plan.own_segment,
-                                    width, add, secure)
-
-    def _agree_masking(self, plan: CrossExchangePlan, routing: Routing, values: np.ndarray
-                       ) -> tuple[tuple[int, int] | None, np.ndarray | None]:
-        """--secure: this exchange's (counter, scale exponent), agreed from every rank's largest
-        |term| (collective), and chunk 0's send rows when they are all of them (kept, not
-        recomputed). (None, None) without masking."""
-        if self.masking is None:
-            return None, None
-        counter = self.masking.next_counter()
-        first_rows, maxima = None, [0.0]
-        for c in range(routing.num_chunks):
-            rows = self._send_rows(plan, routing, c, values)
-            maxima.append(float(max(rows.max(), -rows.min())) if rows.size else 0.0)
-            if routing.num_chunks == 1:
-                first_rows = rows
-        largest = float(np.max(maxima))  # NaN propagates to the check, unlike max()
-        exponent = self.masking.agree_exponent(self.comm, largest, self.wire_dtype)
-        return (counter, exponent), first_rows
+                                    width, add)
 
     def _send_rows(self, plan: CrossExchangePlan, routing: Routing, c: int,
                    values: np.ndarray) -> np.ndarray:
@@ -302,17 +288,11 @@ class CrossClientExchange:
         return plan.send_rows.row_slice(int(low), int(high)).matmul(values)
 
     def _sum_chunk(self, plan: CrossExchangePlan, routing: Routing, c: int,
-                   values: np.ndarray, secure: tuple[int, int] | None = None,
-                   rows: np.ndarray | None = None) -> np.ndarray | None:
-        """The sums of chunk c's rows [rows, d] at the server, None elsewhere (--secure: masked
-        ring words, summed in the ring)."""
+                   values: np.ndarray) -> np.ndarray | None:
+        """The sums of chunk c's rows [rows, d] at the server, None elsewhere."""
         comm, width = self.comm, values.shape[1]
         low, high = int(routing.row_bounds[c]), int(routing.row_bounds[c + 1])
-        if rows is None:
-            rows = self._send_rows(plan, routing, c, values)
-        if secure is not None:
-            rows = self.masking.mask_rows(routing.masks, secure[0], int(routing.send_bounds[c]),
-                                          rows, secure[1], self.wire_dtype)
+        rows = self._send_rows(plan, routing, c, values)
         if self.mode == "compact":
             counts = None
             if comm.is_server:
@@ -333,7 +313,7 @@ class CrossClientExchange:
 
     def _scatter_chunk(self, routing: Routing, c: int, summed: np.ndarray | None,
                        result: np.ndarray, receive_rows: np.ndarray | None, own: int,
-                       width: int, add: bool, secure: tuple[int, int] | None = None) -> None:
+                       width: int, add: bool) -> None:
         """Send each owner its rows of chunk c; this client writes (or adds) its rows into
         ``result``."""
         low, high = int(routing.row_bounds[c]), int(routing.row_bounds[c + 1])
@@ -341,19 +321,117 @@ class CrossClientExchange:
         counts = np.concatenate([[0], per_owner]) * width
         mine = int(per_owner[own]) if own >= 0 else 0
         received = self.comm.scatterv(summed, counts if self.comm.is_server else None,
-                                      mine * width, self.wire_dtype)
+                                      mine * width, self.dtype)
         if mine:
             first = max(low, int(routing.owner_start[own])) - int(routing.owner_start[own])
-            if secure is not None:
-                received = self.masking.unmask_rows(routing.masks, secure[0], first,
-                                                    received.reshape(mine, width), secure[1],
-                                                    self.dtype)
             rows = (slice(first, first + mine) if receive_rows is None
                     else receive_rows[first:first + mine])
             if add:
                 result[rows] += received.reshape(mine, width)
             else:
                 result[rows] = received.reshape(mine, width)
+
+
+    # -- --secure: masked ring words, lagged exponents -----------------------------------------
+    def start_pass(self, purpose: str) -> None:
+        """A forward (and backward) pass begins: with --secure its exchanges are the slots
+        (purpose, 0), (purpose, 1), ... (training: layers 1..L forward, then L..1 backward),
+        each keeping its exponent from one pass to the next."""
+        self._pass, self._calls = purpose, 0
+
+    def _masked_exchange(self, plan: CrossExchangePlan, values: np.ndarray, result: np.ndarray,
+                         receive_rows: np.ndarray, add: bool) -> None:
+        """The compact exchange in the ring with the slot's lagged range. Chunk 0 carries one
+        word each way: each sender's needed exponent up, the largest of them down; every rank so
+        learns the slot's next range and whether this attempt's range was exceeded, in which
+        case every rank runs the whole exchange again (new counter) before writing anything."""
+        masking, routing = self.masking, plan.routing
+        slot = (self._pass, self._calls)
+        self._calls += 1
+        if routing.num_chunks == 0:  # no cross-client row anywhere (every rank knows)
+            return
+        first_rows = self._send_rows(plan, routing, 0, values)
+        if routing.num_chunks == 1 or routing.masks is None:
+            needed = largest_exponent(first_rows)
+        else:  # a bound rather than every chunk's terms computed twice
+            bound = routing.masks.term_bound * float(np.max(np.abs(values), initial=0.0))
+            needed = ceil_exponent(bound * (1 + 2.0 ** -10)) if bound else EMPTY_EXPONENT
+        used = masking.exchange_range(self.comm, slot, needed)
+        while True:
+            counter = masking.next_counter()
+            exponent = scale_exponent(self.wire_dtype, masking.num_clients, used)
+            for c in range(routing.num_chunks):
+                rows = first_rows if c == 0 else self._send_rows(plan, routing, c, values)
+                summed, largest = self._masked_sum_chunk(routing, c, rows, counter, exponent,
+                                                         needed, needed <= used)
+                largest = self._masked_scatter_chunk(routing, c, summed, largest, used, counter,
+                                                     exponent, result, receive_rows,
+                                                     plan.own_segment, values.shape[1], add)
+                if c == 0 and masking.settle(slot, largest, used):
+                    used = largest
+                    break
+            else:
+                return
+
+    def _masked_sum_chunk(self, routing: Routing, c: int, rows: np.ndarray, counter: int,
+                          exponent: int, needed: int, in_range: bool
+                          ) -> tuple[np.ndarray | None, int | None]:
+        """Chunk c's masked ring sums [rows, d] at the server (None elsewhere) and, for chunk 0,
+        the largest exponent the senders report (at the server)."""
+        comm, width = self.comm, rows.shape[1]
+        send = rows.astype(self.wire_dtype)  # the server's: empty
+        if not comm.is_server:
+            send = self.masking.mask_rows(routing.masks, counter, int(routing.send_bounds[c]),
+                                          rows, exponent, self.wire_dtype, in_range)
+            if c == 0:
+                send = np.concatenate([exponent_word(needed, self.wire_dtype), send.ravel()])
+        counts = None
+        if comm.is_server:
+            counts = np.concatenate([[0], np.diff(routing.sender_bounds[:, c:c + 2])[:, 0]]) * width
+            counts[1:] += 1 if c == 0 else 0
+        flat = comm.gatherv(send, counts)
+        if flat is None:
+            return None, None
+        largest = None
+        if c == 0:
+            word_at = (np.cumsum(counts) - counts)[1:]  # each client's first word
+            largest = int(np.max(word_exponent(flat[word_at]), initial=EMPTY_EXPONENT))
+            flat = np.delete(flat, word_at)
+        return routing.sum_matrices[c].matmul(flat.reshape(-1, width)), largest
+
+    def _masked_scatter_chunk(self, routing: Routing, c: int, summed: np.ndarray | None,
+                              largest: int | None, used: int, counter: int, exponent: int,
+                              result: np.ndarray, receive_rows: np.ndarray, own: int, width: int,
+                              add: bool) -> int | None:
+        """Send each owner its masked sums of chunk c (chunk 0: after the largest exponent);
+        this client unmasks and writes (or adds) them unless that exponent exceeds ``used``.
+        Returns the largest exponent for chunk 0 on every rank."""
+        low, high = int(routing.row_bounds[c]), int(routing.row_bounds[c + 1])
+        per_owner = _rows_in(low, high, routing.owner_start[:-1], routing.owner_start[1:])
+        counts = np.concatenate([[0], per_owner]) * width
+        send = None
+        if self.comm.is_server:
+            send = summed.ravel()
+            if c == 0:
+                send = np.insert(send, (np.cumsum(counts) - counts)[1:],
+                                 exponent_word(largest, self.wire_dtype)[0])
+        if c == 0:
+            counts[1:] += 1
+        mine = int(per_owner[own]) if own >= 0 else 0
+        received = self.comm.scatterv(send, counts if self.comm.is_server else None,
+                                      int(counts[self.comm.rank]), self.wire_dtype)
+        if c == 0 and not self.comm.is_server:
+            largest, received = int(word_exponent(received[:1])[0]), received[1:]
+        if mine and (c > 0 or largest <= used):
+            first = max(low, int(routing.owner_start[own])) - int(routing.owner_start[own])
+            decoded = self.masking.unmask_rows(routing.masks, counter, first,
+                                               received.reshape(mine, width), exponent,
+                                               self.dtype)
+            if add:
+                result[receive_rows[first:first + mine]] += decoded
+            else:
+                result[receive_rows[first:first + mine]] = decoded
+        return largest
 
 
 class _CrossClientSum(torch.autograd.Function):

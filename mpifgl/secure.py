@@ -34,9 +34,11 @@ subtracts it for j < i), cancelling only in the total over all clients.
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 import struct
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,12 +49,22 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from mpifgl.communicator import Communicator
 
+log = logging.getLogger("mpifgl")
+
 RING_DTYPES = {np.dtype(np.float32): np.dtype(np.uint32), np.dtype(np.float64): np.dtype(np.uint64)}
 SIGNED = {np.dtype(np.uint32): np.dtype(np.int32), np.dtype(np.uint64): np.dtype(np.int64)}
 KEY_BYTES = 32
 BLOCK_BYTES = 64  # ChaCha20 block: the keystream's unit of position
 MAX_BLOCKS = 2 ** 32  # ChaCha20's block counter
-EMPTY_EXPONENT = -(2 ** 40)  # the exponent a rank reports when all its terms are zero
+# the exponent a rank reports when all its terms are zero (fits the int32 word that carries it)
+EMPTY_EXPONENT = -(2 ** 30)
+# bits of growth a lagged range absorbs: terms up to 2^HEADROOM_BITS times the last use's largest
+HEADROOM_BITS = 2
+# the masked sum's exponent histogram: HISTOGRAM_WORDS buckets per segment, bucket
+# HISTOGRAM_AT_RANGE holding the lagged range itself (lower exponents share bucket 0, those more
+# than HISTOGRAM_WORDS - 1 - HISTOGRAM_AT_RANGE bits above it the top bucket)
+HISTOGRAM_WORDS = 64
+HISTOGRAM_AT_RANGE = 48
 
 
 class FixedPointOverflow(ValueError):
@@ -74,6 +86,28 @@ def ceil_exponent(max_abs: float) -> int:
         return EMPTY_EXPONENT
     mantissa, exponent = math.frexp(max_abs)  # max_abs = mantissa * 2^exponent, 0.5 <= mantissa < 1
     return exponent
+
+
+def largest_exponent(values: np.ndarray) -> int:
+    """ceil_exponent of the largest |value| (EMPTY_EXPONENT for none); refuses inf and NaN."""
+    if not values.size:
+        return EMPTY_EXPONENT
+    return ceil_exponent(float(np.max([values.max(), -values.min()])))  # NaN propagates
+
+
+def lagged_range(agreed: int) -> int:
+    """The range exponent of a slot's next use: the last use's largest plus the headroom."""
+    return agreed if agreed == EMPTY_EXPONENT else agreed + HEADROOM_BITS
+
+
+def exponent_word(exponent: int, ring: np.dtype) -> np.ndarray:
+    """One exponent as one word of the ring (signed; travels unmasked)."""
+    return np.asarray([exponent], dtype=SIGNED[np.dtype(ring)]).view(ring)
+
+
+def word_exponent(words: np.ndarray) -> np.ndarray:
+    """The exponents carried by ring words -> int64."""
+    return np.asarray(words).view(SIGNED[np.asarray(words).dtype]).astype(np.int64)
 
 
 def scale_exponent(ring: np.dtype, num_clients: int, max_exponent: int) -> int:
@@ -167,6 +201,9 @@ class ExchangeMasks:
     """Per plan, what a client needs to mask and unmask one compact exchange."""
 
     owner_first: np.ndarray  # int64 [m+1]: its touched rows of owner j are [f[j], f[j+1])
+    # the largest row abs-sum of the send matrix: max|term| <= term_bound * max|y| (chunked
+    # exchanges report this bound rather than compute every chunk's terms twice)
+    term_bound: float = 0.0
     # per sender i (None for itself): positions, among this owner's receive rows, of the rows i
     # touches, ascending (= i's send order for this owner)
     rows_from: list[np.ndarray | None] = field(default_factory=list)
@@ -184,6 +221,10 @@ class SecureSession:
         self._pair = pair  # other client j -> k_{me,j}
         self.counter = 0
         self.nonce_log: list[NonceRecord] | None = None  # tests switch it on
+        # per slot (an exchange's layer and direction, a masked sum's segments): the largest
+        # exponent of its last use, the same on every rank; the next use's lagged range
+        self.agreed_exponents: dict[Hashable, int | tuple[int, ...]] = {}
+        self.redos = 0  # masked operations run again because a term outgrew its lagged range
 
     def __repr__(self) -> str:  # keys must never reach a log line
         return (f"SecureSession(client {self.client_id} of {self.num_clients}, "
@@ -263,18 +304,41 @@ class SecureSession:
             own_nodes = np.unique(plan.send_rows.indices[indptr[owner_first[i]]:
                                                          indptr[owner_first[i + 1]]])
             rows_from.append(np.searchsorted(plan.receive_rows, own_nodes).astype(np.int64))
-        return ExchangeMasks(owner_first, rows_from)
+        term_bound = 0.0
+        if plan.send_rows is not None and plan.send_rows.data.size:
+            row_sums = np.add.reduceat(np.abs(plan.send_rows.data.astype(np.float64)),
+                                       plan.send_rows.indptr[:-1].clip(
+                                           max=plan.send_rows.data.size - 1))
+            row_sums[np.diff(plan.send_rows.indptr) == 0] = 0.0  # reduceat's empty rows
+            term_bound = float(row_sums.max())
+        return ExchangeMasks(owner_first, term_bound, rows_from)
 
-    def agree_exponent(self, comm: Communicator, max_abs: float, ring: np.dtype) -> int:
-        """Collective: the scale exponent of one masked operation from every rank's max |term|."""
-        mine = np.asarray([ceil_exponent(max_abs)], dtype=np.int64)
-        return scale_exponent(ring, self.num_clients, int(comm.max_to_all(mine)[0]))
+    def exchange_range(self, comm: Communicator, slot: Hashable, needed: int) -> int:
+        """The range exponent of this use of an exchange slot: the lagged one, or on the slot's
+        first use the largest ``needed`` of any rank (collective, once per slot and run)."""
+        if slot in self.agreed_exponents:
+            return lagged_range(int(self.agreed_exponents[slot]))
+        return int(comm.max_to_all(np.asarray([needed], dtype=np.int64))[0])
+
+    def settle(self, slot: Hashable, largest: int, used: int) -> bool:
+        """Record the largest exponent any sender needed in this use of ``slot`` (every rank
+        learns it from the server's status word); True if it exceeded the range ``used``, so the
+        operation must run again (a new counter) with that exponent."""
+        self.agreed_exponents[slot] = largest
+        overflowed = largest > used
+        if overflowed:
+            self.redos += 1
+            log.debug("--secure: %s needed 2^%d beyond its lagged range 2^%d: redone (redo %d)",
+                      slot, largest, used, self.redos)
+        return overflowed
 
     def mask_rows(self, masks: ExchangeMasks, counter: int, send_low: int, rows: np.ndarray,
-                  exponent: int, ring: np.dtype) -> np.ndarray:
+                  exponent: int, ring: np.dtype, in_range: bool = True) -> np.ndarray:
         """This sender's terms [r, d] for its touched rows [send_low, send_low + r), encoded and
-        masked per owner -> ring [r, d]."""
-        encoded = encode(rows, exponent, ring, self.num_clients)
+        masked per owner -> ring [r, d]. ``in_range`` False: the terms exceed this attempt's
+        range (it will be redone), so masked zeros stand in for them."""
+        encoded = (encode(rows, exponent, ring, self.num_clients) if in_range
+                   else np.zeros(rows.shape, dtype=ring))
         if not rows.size:
             return encoded
         width, send_high = rows.shape[1], send_low + rows.shape[0]
@@ -325,23 +389,50 @@ class SecureSession:
                    segments: list[int] | None = None) -> np.ndarray:
         """Collective: the sum over ranks of a 1-D float vector (one scale per segment of
         ``segments`` lengths, default one) or int64 vector (exact, in Z_2^64), identical on
-        every rank; the server and relaying ranks see only masked ring words."""
-        counter = self.next_counter()
+        every rank; the server and relaying ranks see only masked ring words.
+
+        Floats: one collective in the common case. Each segment's scale comes from its last
+        use (lagged range), and an unmasked tail of HISTOGRAM_WORDS words per segment counts
+        the clients per needed exponent, so the sum itself tells every rank the range of the
+        next use and whether a term outgrew this one (then the sum runs again, new counter)."""
         values = np.ascontiguousarray(values)
         if values.dtype == np.int64:
-            masked = self._zero_sum_mask(values.view(np.uint64).copy(), counter)
+            masked = self._zero_sum_mask(values.view(np.uint64).copy(), self.next_counter())
             return comm.sum_to_all(masked).view(np.int64)
-        ring = ring_of(values.dtype)
+        ring, m = ring_of(values.dtype), self.num_clients
         bounds = np.cumsum([0] + list(segments or [values.shape[0]]))
-        maxima = [float(np.max(np.abs(values[a:b]))) if b > a else 0.0
-                  for a, b in zip(bounds[:-1], bounds[1:])]
-        exponents = comm.max_to_all(np.asarray([ceil_exponent(v) for v in maxima], np.int64))
-        scales = [scale_exponent(ring, self.num_clients, int(b)) for b in exponents]
-        encoded = np.concatenate([encode(values[a:b], e, ring, self.num_clients)
-                                  for a, b, e in zip(bounds[:-1], bounds[1:], scales)])
-        total = comm.sum_to_all(self._zero_sum_mask(encoded, counter))
-        return np.concatenate([decode(total[a:b], e, values.dtype)
-                               for a, b, e in zip(bounds[:-1], bounds[1:], scales)])
+        pieces = [values[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        needed = np.asarray([largest_exponent(p) for p in pieces], dtype=np.int64)
+        slot = ("sum", tuple(p.shape[0] for p in pieces))
+        if slot in self.agreed_exponents:
+            used = np.asarray([lagged_range(b) for b in self.agreed_exponents[slot]], np.int64)
+        else:
+            used = comm.max_to_all(needed)  # the slot's first use: once per run
+        while True:
+            scales = [scale_exponent(ring, m, int(u)) for u in used]
+            encoded = np.concatenate([encode(p, e, ring, m) if n <= u else np.zeros(p.shape, ring)
+                                      for p, e, n, u in zip(pieces, scales, needed, used)])
+            tail = np.zeros((len(pieces), HISTOGRAM_WORDS), dtype=ring)
+            for k, (n, u) in enumerate(zip(needed, used)):
+                if n != EMPTY_EXPONENT:
+                    tail[k, int(np.clip(n - u + HISTOGRAM_AT_RANGE, 0, HISTOGRAM_WORDS - 1))] = 1
+            masked = self._zero_sum_mask(encoded, self.next_counter())
+            total = comm.sum_to_all(np.concatenate([masked, tail.ravel()]))
+            histogram = total[values.shape[0]:].reshape(len(pieces), HISTOGRAM_WORDS)
+            if histogram[:, -1].any():  # an exponent beyond the window: ask for it exactly
+                largest = comm.max_to_all(needed)
+            else:
+                largest = np.asarray([u + int(np.flatnonzero(row)[-1]) - HISTOGRAM_AT_RANGE
+                                      if row.any() else EMPTY_EXPONENT
+                                      for row, u in zip(histogram, used)], dtype=np.int64)
+            self.agreed_exponents[slot] = tuple(int(b) for b in largest)
+            if np.all(largest <= used):
+                return np.concatenate([decode(total[a:b], e, values.dtype)
+                                       for a, b, e in zip(bounds[:-1], bounds[1:], scales)])
+            self.redos += 1
+            log.debug("--secure: a masked sum needed 2^%s beyond its lagged range 2^%s: redone "
+                      "(redo %d)", largest.tolist(), used.tolist(), self.redos)
+            used = np.maximum(used, largest)
 
     def sum_to_server(self, comm: Communicator, counts: np.ndarray) -> np.ndarray | None:
         """Collective: the sum of integer-valued float64 counts at the server (None

@@ -181,6 +181,130 @@ def test_masked_exchange_within_the_derived_bound(toy_graph, tmp_path, dtype, bu
         assert np.max(np.abs(a.astype(np.float64) - b), initial=0) <= bound + float_rounding
 
 
+# -- lagged exponents: redo on a jump, none in a steady run, one state on every rank ------------
+def exchange_sequence(toy_graph, tmp_path, dtype, buffer_mb: float, scales: list[float]):
+    """One exchange slot used once per scale (terms of that magnitude), plain and masked ->
+    (plain outputs by rank, masked outputs by rank, sessions by rank, max_to_all calls)."""
+    num_clients = 4
+    shard_dir = shards_for(toy_graph, tmp_path, num_clients, seed=2)
+    manifest = read_manifest(shard_dir)
+    torch_dtype = torch.float64 if dtype == np.float64 else torch.float32
+
+    def body(comm, masked: bool):
+        graph = ClientGraph.for_rank(shard_dir, manifest, comm.client_id)
+        session = secure.SecureSession.agree(comm) if masked else None
+        exchange = CrossClientExchange(comm, "compact", int(buffer_mb * 2 ** 20), 5, dtype,
+                                       session)
+        plan = build_operator(graph, "gcn", None, None, torch_dtype, True).exchange
+        exchange.prepare(plan)
+        rows = plan.send_rows.shape[1] if plan.send_rows is not None else 0
+        rng = np.random.default_rng(comm.rank)
+        outputs, states = [], []
+        for scale in scales:
+            exchange.start_pass("train")
+            y = rng.normal(scale=scale, size=(rows, 5)).astype(dtype)
+            outputs.append(exchange(plan, torch.from_numpy(y)).numpy().copy())
+            if session is not None:
+                states.append(dict(session.agreed_exponents))
+        return outputs, states, session
+
+    plain = ThreadWorld(num_clients + 1).run(lambda comm: body(comm, False))
+    world = ThreadWorld(num_clients + 1)
+    masked = world.run(lambda comm: body(comm, True))
+    return plain, masked, world.max_to_all_calls
+
+
+def assert_within_range_bound(plain, masked, dtype, num_clients: int = 4):
+    """Each use's outputs within m * 2^-(e+1) of the plain ones, e from the range that use
+    ran with: the lagged one, or after a redo the exponent the senders reported."""
+    ring = secure.ring_of(np.dtype(dtype))
+    states = masked[1][1]  # every rank holds the same (asserted by the callers)
+    for use in range(len(states)):
+        largest = states[use][("train", 0)]
+        used = largest if use == 0 else max(secure.lagged_range(states[use - 1][("train", 0)]),
+                                             largest)
+        bound = num_clients * 2.0 ** (-secure.scale_exponent(ring, num_clients, used) - 1)
+        float_rounding = num_clients * np.finfo(dtype).eps * 2.0 ** largest
+        for (a, _, _), (b, _, _) in zip(plain[1:], masked[1:]):
+            error = np.max(np.abs(a[use].astype(np.float64) - b[use]), initial=0)
+            assert error <= bound + float_rounding, (use, error, bound)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("buffer_mb", [256.0, 1e-6])
+def test_a_jump_beyond_the_headroom_redoes_the_exchange_and_stays_exact(toy_graph, tmp_path,
+                                                                       dtype, buffer_mb):
+    """Terms 2^6 times larger than the last use exceed the lagged range (2 bits of headroom):
+    every rank redoes the exchange once with the reported exponent; the result is the plain
+    exchange's within the bound of that exponent, and every rank ends with one state."""
+    scales = [1.0, 64.0, 64.0, 1.0 / 64]
+    plain, masked, agreements = exchange_sequence(toy_graph, tmp_path, dtype, buffer_mb, scales)
+    sessions = [session for _, _, session in masked]
+    assert [s.redos for s in sessions] == [1] * 5  # the server's view included
+    assert all(states == masked[0][1] for _, states, _ in masked)
+    assert agreements == 1  # the slot's first use only
+    assert_within_range_bound(plain, masked, dtype)
+
+
+@pytest.mark.parametrize("buffer_mb", [256.0, 1e-6])
+def test_a_steady_slot_needs_no_redo_and_no_agreement_after_its_first_use(toy_graph, tmp_path,
+                                                                          buffer_mb):
+    scales = [1.0, 1.5, 0.8, 2.0, 1.2, 1.0]
+    plain, masked, agreements = exchange_sequence(toy_graph, tmp_path, np.float32, buffer_mb,
+                                                  scales)
+    assert [session.redos for _, _, session in masked] == [0] * 5
+    assert agreements == 1
+    assert all(states == masked[0][1] for _, states, _ in masked)
+    assert_within_range_bound(plain, masked, np.float32)
+
+
+def test_masked_sums_learn_their_range_from_the_histogram(toy_graph, tmp_path):
+    """The gradient sum's segments: steady -> one collective per call; a jump inside the
+    histogram's window -> a redo, no extra collective; beyond it -> one agreement; the sums are
+    exact within each segment's bound throughout, and a NaN stops the job."""
+    num_clients = 3
+    rounds = [(1.0, 1e-3), (1.2, 1e-3), (2.0 ** 8, 1e-3), (2.0 ** 8, 2.0 ** 40), (1.0, 1e-3)]
+
+    def body(comm):
+        session = secure.SecureSession.agree(comm)
+        rng = np.random.default_rng(comm.rank)
+        sums, collectives, states = [], [], []
+        for big, small in rounds:
+            values = (np.concatenate([rng.normal(scale=big, size=50),
+                                      rng.normal(scale=small, size=7)])
+                      if comm.is_client else np.zeros(57))
+            before = comm.world.max_to_all_calls
+            sums.append((session.sum_to_all(comm, values, [50, 7]),
+                         comm.sum_to_all(values)))
+            collectives.append(comm.world.max_to_all_calls - before)
+            states.append(session.agreed_exponents[("sum", (50, 7))])
+        return sums, collectives, session.redos, states
+
+    results = ThreadWorld(num_clients + 1).run(body)
+    sums, collectives, redos, states = results[0]
+    assert all(r[3] == states for r in results) and all(r[2] == redos for r in results)
+    assert redos == 2  # the jump to 2^8, then the one to 2^40
+    assert collectives == [1, 0, 0, 1, 0]
+    for use, (masked, plain) in enumerate(sums):
+        for k, piece in enumerate((slice(0, 50), slice(50, 57))):
+            # the range this use ran with: the lagged one, or the reported one after a redo
+            used = states[use][k] if use == 0 else max(secure.lagged_range(states[use - 1][k]),
+                                                       states[use][k])
+            bound = num_clients * 2.0 ** -(secure.scale_exponent(
+                np.dtype(np.uint64), num_clients, used) + 1)
+            largest = float(np.max(np.abs(plain[piece])))
+            assert np.max(np.abs(masked[piece] - plain[piece])) <= bound + 1e-12 * largest
+
+    def diverged(comm):
+        session = secure.SecureSession.agree(comm)
+        session.sum_to_all(comm, np.ones(4), [4])
+        bad = np.full(4, np.nan) if comm.client_id == 0 else np.ones(4)
+        return session.sum_to_all(comm, bad, [4])
+
+    with pytest.raises(secure.FixedPointOverflow, match="expected a finite number"):
+        ThreadWorld(3).run(diverged)
+
+
 def test_secure_bns_steps_equal_the_unmasked_ones(toy_graph, tmp_path):
     """--algo bns runs the same masked exchange: three sampled steps give the plain losses."""
     shard_dir = shards_for(toy_graph, tmp_path, 3)
@@ -204,20 +328,41 @@ def chi_square_uniform_bytes(octets: np.ndarray) -> float:
     return float(((counts - expected) ** 2 / expected).sum())
 
 
+def split_clear_words(kind: str, words: np.ndarray, tail_words: int
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """(masked words, words sent in clear) of one buffer a client sent the server: a one-chunk
+    exchange's first word is the sender's exponent; a float sum (the gradients and loss) ends
+    in its exponent histogram; count sums are masked whole (docs/privacy.md)."""
+    if kind == "gatherv":
+        return words[1:], words[:1]
+    if words.shape[0] > tail_words:
+        return words[:-tail_words], words[-tail_words:]
+    return words, words[:0]
+
+
 def server_view(toy_graph, tmp_path, dtype: str):
+    """(result, masked words, clear words, every buffer) the server received in one step."""
     shard_dir = shards_for(toy_graph, tmp_path, 3)
     world = ThreadWorld(4)
-    result = world.run(lambda comm: one_step(comm, shard_dir,
-                                             model_config(shard_dir, dtype, True), True))[0]
-    values = [(kind, rank, v) for kind, rank, v in world.server_received
-              if v.dtype.kind == "u"]
-    return result, values, world.server_received
+    config = model_config(shard_dir, dtype, True)
+    result = world.run(lambda comm: one_step(comm, shard_dir, config, True))[0]
+    from mpifgl.model import GNN
+    tensors = len(list(GNN(config.backbone, toy_graph.x.shape[1], config.hidden,
+                           toy_graph.num_classes, config.layers, 0.0, 0).parameters()))
+    tail_words = secure.HISTOGRAM_WORDS * (tensors + 1)
+    masked, clear = [], []
+    for kind, rank, v in world.server_received:
+        if v.dtype.kind == "u":
+            hidden, shown = split_clear_words(kind, v, tail_words)
+            masked.append((kind, rank, hidden))
+            clear.append((kind, rank, shown))
+    return result, masked, clear, world.server_received
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_server_receives_uniform_words_that_change_with_the_keys(toy_graph, tmp_path, dtype):
-    first, seen_first, everything = server_view(toy_graph, tmp_path, dtype)
-    second, seen_second, _ = server_view(toy_graph, tmp_path, dtype)
+    first, seen_first, clear_first, everything = server_view(toy_graph, tmp_path, dtype)
+    second, seen_second, clear_second, _ = server_view(toy_graph, tmp_path, dtype)
     # every float-valued buffer a client sent the server is ring words (ids are int32/int64)
     assert all(v.dtype.kind in "ui" for _, _, v in everything)
     assert {kind for kind, _, _ in seen_first} == {"gatherv", "sum"}
@@ -237,6 +382,15 @@ def test_server_receives_uniform_words_that_change_with_the_keys(toy_graph, tmp_
     assert np.mean(again == words) < 2 / 256
     for a, b in zip(first, second):
         np.testing.assert_array_equal(a, b)
+    # in clear: each sender's exponent per exchange, the clients' exponent histogram per
+    # gradient segment; the same in both runs (they depend on the data, not the keys)
+    for (kind, _, a), (_, _, b) in zip(clear_first, clear_second):
+        np.testing.assert_array_equal(a, b)
+        signed = secure.word_exponent(a)
+        if kind == "gatherv":
+            assert signed[0] == secure.EMPTY_EXPONENT or abs(signed[0]) < 1100
+        else:
+            assert set(signed.tolist()) <= {0, 1}
 
 
 def test_plain_run_sends_floats_the_secure_run_hides(toy_graph, tmp_path):

@@ -20,7 +20,9 @@ def metrics(run_dir):
 def test_secure_training_equals_the_unmasked_run(toy_shards, tmp_path):
     """3 clients, sampled steps, dropout, evaluation and --save-logits: losses and logits agree
     within the fixed-point bound (float64: far below 1e-9), scores are identical, bytes differ
-    only by the per-exchange scale agreement."""
+    only by what carries the exponents: one word per exchange each way, the gradient sum's
+    histogram tail, and the first use's agreements (docs/privacy.md)."""
+    from mpifgl.secure import HISTOGRAM_WORDS
     shards = toy_shards(3, seed=4)
     runs = {}
     for name, flags in (("plain", []), ("secure", ["--secure"])):
@@ -30,12 +32,16 @@ def test_secure_training_equals_the_unmasked_run(toy_shards, tmp_path):
                            "--dtype", "float64", "--save-logits", *flags], timeout=140)
         assert done.returncode == 0, done.stderr[-3000:]
     plain, masked = metrics(runs["plain"]), metrics(runs["secure"])
+    steps = json.loads((runs["secure"] / "config.json").read_text())["steps_per_epoch"]
+    segments = 2 * 2 + 1  # weight and bias of 2 layers, the loss
+    exponent_bytes = steps * (segments * HISTOGRAM_WORDS + 2 * 2) * 8 + 16 * 8
     for a, b in zip(plain, masked):
         assert abs(a["loss"] - b["loss"]) <= 1e-9 * max(1.0, abs(a["loss"]))
         for split in ("train", "val", "test"):
             assert a[f"{split}_micro_f1"] == b[f"{split}_micro_f1"]
         assert a["exchange_bytes_sent"][1:] != [] and all(
-            y - x < 0.02 * x for x, y in zip(a["bytes_sent"][1:], b["bytes_sent"][1:]))
+            y - x < 0.02 * x + exponent_bytes
+            for x, y in zip(a["bytes_sent"][1:], b["bytes_sent"][1:]))
     logits_plain, logits_secure = (np.load(runs[n] / "logits.npy") for n in ("plain", "secure"))
     scale = max(1.0, float(np.abs(logits_plain).max()))
     assert np.max(np.abs(logits_plain - logits_secure)) <= 1e-9 * scale

@@ -24,6 +24,7 @@ class ThreadWorld:
         self.barrier = threading.Barrier(size, timeout=BARRIER_SECONDS)
         # every array the server received from a client (gatherv, sums): what it "sees"
         self.server_received: list[tuple[str, int, np.ndarray]] = []
+        self.max_to_all_calls = 0  # the agreements --secure needs beyond the sums themselves
 
     def run(self, body: Callable[["ThreadComm"], Any]) -> list[Any]:
         results: list[Any] = [None] * self.size
@@ -130,6 +131,8 @@ class ThreadComm:
 
     def max_to_all(self, values: np.ndarray) -> np.ndarray:
         shared = self._share(np.asarray(values, dtype=np.int64).copy())
+        if self.is_server:
+            self.world.max_to_all_calls += 1
         return np.max(np.stack(shared), axis=0)
 
     def gather_rows(self, row: np.ndarray) -> np.ndarray | None:

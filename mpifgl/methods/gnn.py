@@ -109,6 +109,11 @@ class GNNMethod:
             self.exchange.prepare(operator.exchange)
         return operator
 
+    def start_pass(self, purpose: str) -> None:
+        """--secure: a training step's exchanges and an evaluation's keep separate exponents."""
+        if self.exchange is not None:
+            self.exchange.start_pass(purpose)
+
     # -- one step -------------------------------------------------------------------------------
     def train_step(self) -> float:
         operator, global_train_rows = self.sample_operator()
@@ -155,6 +160,7 @@ class GNNMethod:
     def loss_and_gradients(self, operator: LayerOperator, global_train_rows: int) -> float:
         """Phases forward, loss, backward, gradient sum: leaves the GLOBAL gradient in every
         parameter's .grad on every rank and returns the global loss."""
+        self.start_pass("train")
         if not self.comm.is_client:
             return self._server_loss_and_gradients(operator.exchange)
         self.model.train()
@@ -200,6 +206,7 @@ class GNNMethod:
     @torch.no_grad()
     def full_logits(self) -> torch.Tensor:
         """Full-graph forward (the exchange of every layer); [0, C] on the server."""
+        self.start_pass("eval")
         if not self.comm.is_client:
             self.server_exchanges(self.full_operator.exchange, backward=False)
             return torch.zeros((0, self.setup.num_classes), dtype=self.dtype)
