@@ -16,13 +16,17 @@ identically on every rank, so (key, counter, block) never repeats within a run; 
 every run (a resume agrees new ones).
 
 Fixed point: a float vector is encoded as round(v * 2^e) in the ring Z_2^k (k = 32 for float32
-runs, k = 64 for float64, so the bytes on the wire do not change). Per masked operation the ranks
-agree (max-allreduce) on b = the power-of-two ceiling of the largest |term| any client adds
-(this reveals b, nothing finer); with c = ceil(log2 m), e = k - 2 - c - b keeps every term
-within 2^(k-2-c) and any sum of m terms within 2^(k-1). Each sender checks its encoded terms
-against that limit before masking (a wrapped sum cannot be detected afterwards). Rounding error
-per term <= 2^-(e+1), so a sum of m terms is off by at most m * 2^-(e+1) <= m^2 * 2^(b+1-k)
-(absolute; ``sum_error_bound``).
+runs, k = 64 for float64, so the bytes on the wire do not change). With a range exponent b (terms
+|v| <= 2^b) and c = ceil(log2 m), e = k - 2 - c - b keeps every term within 2^(k-2-c) and any sum
+of m terms within 2^(k-1). Each sender checks its encoded terms against that limit before masking
+(a wrapped sum cannot be detected afterwards). Rounding error per term <= 2^-(e+1), so a sum of m
+terms is off by at most m * 2^-(e+1) (``sum_error_bound``).
+
+Lagged exponents: b is not agreed per operation. Each slot (an exchange's pass and call, a masked
+sum's segments) runs with the largest exponent of its last use plus HEADROOM_BITS, learns this
+use's largest from the operation's own messages (the exchange: one word each way in chunk 0; a
+sum: an unmasked exponent histogram tail), and runs again with a new counter when a term
+outgrew the range. Only a slot's first use agrees b with a max-allreduce. docs/privacy.md.
 
 Compact exchange masks: sender i adds to the terms it sends for owner j the keystream of
 k_{i->j}, word p*d+w for the w-th value of its p-th row for j (rows in ascending S-position: the

@@ -1,7 +1,8 @@
 """mpifgl.secure (--secure), without mpirun: ranks are threads (tests/thread_comm.py).
 
 * exactness: the masked exchange equals the plain one within the derived bound m * 2^-(e+1)
-  per row sum; secure logits, loss and gradients equal the program's centralized mode (1e-10 in
+  per row sum (e from the range each use ran with); lagged exponents: a jump redoes the
+  operation, a steady slot never does, every rank ends with one exponent state; secure logits, loss and gradients equal the program's centralized mode (1e-10 in
   float64, 1e-5 in float32, as test_exactness.py) for 1-4 clients, full graph and sampled;
 * what the server sees: ring words only, uniform bytes (chi-square), different between two runs
   with fresh keys on identical data while the results are the same;
