@@ -32,7 +32,9 @@ ABORT_PAUSE_SECONDS = 0.2
 
 
 _MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE,
-              np.dtype(np.int32): MPI.INT32_T, np.dtype(np.int64): MPI.INT64_T}
+              np.dtype(np.int32): MPI.INT32_T, np.dtype(np.int64): MPI.INT64_T,
+              # --secure: masked values in the rings Z_2^32 / Z_2^64 (MPI_SUM wraps unsigned)
+              np.dtype(np.uint32): MPI.UINT32_T, np.dtype(np.uint64): MPI.UINT64_T}
 MAX_MPI_COUNT = 2 ** 31 - 1  # MPI's int counts and displacements
 
 
@@ -199,6 +201,15 @@ class MPICommunicator:
         self._timed(self.comm.Ireduce, [values, mpi_type],
                     [total, mpi_type] if self.is_server else None, MPI.SUM, SERVER_RANK)
         return total
+
+    def max_to_all(self, values: np.ndarray) -> np.ndarray:
+        """Element-wise maximum of an int64 vector over ranks, on every rank (--secure: the
+        fixed-point scale of a masked sum)."""
+        values = np.ascontiguousarray(values, dtype=np.int64)
+        result = np.empty_like(values)
+        self._timed(self.comm.Iallreduce, [values, MPI.INT64_T], [result, MPI.INT64_T], MPI.MAX)
+        self._count(values.nbytes, result.nbytes)
+        return result
 
     def gather_rows(self, row: np.ndarray) -> np.ndarray | None:
         """Gather one fixed-length float64 row per rank at the server -> [size, k]."""

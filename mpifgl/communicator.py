@@ -91,6 +91,10 @@ class Communicator(Protocol):
 
     def sum_to_server(self, values: np.ndarray) -> np.ndarray | None: ...
 
+    def max_to_all(self, values: np.ndarray) -> np.ndarray:
+        """The element-wise maximum of an int64 vector over ranks, on every rank."""
+        ...
+
     def gather_rows(self, row: np.ndarray) -> np.ndarray | None:
         """One float64 row per rank -> [size, k] at the server."""
         ...
@@ -175,6 +179,9 @@ class LocalComm:
 
     def sum_to_server(self, values: np.ndarray) -> np.ndarray:
         return np.array(values)
+
+    def max_to_all(self, values: np.ndarray) -> np.ndarray:
+        return np.array(values, dtype=np.int64)
 
     def gather_rows(self, row: np.ndarray) -> np.ndarray:
         return np.array(row, dtype=np.float64)[None, :]

@@ -18,6 +18,9 @@ ALGOS = ("ours", "centralized", "graphsage", "graphsaint", "fedavg", "fedavg-nc"
 BACKBONES = ("gcn", "1gnn")
 SAMPLINGS = ("label", "uniform", "none")
 DTYPES = ("float32", "float64")
+# --secure masks the compact exchange of the distributed GNN (docs/privacy.md says why no other)
+SECURE_ALGOS = ("ours", "bns")
+SECURE_EXCHANGES = ("compact",)
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,11 @@ class TrainConfig:
     exchange_buffer_mb: float = option(64.0, "most MB of exchange buffers a rank holds at once: "
                                               "larger exchanges run in chunks of rows (a chunk "
                                               "holds at least one row)")
+    secure: bool = option(False, "mask every value the server or a relaying rank handles: "
+                                 "cross-client terms, weight gradients, loss and counts travel "
+                                 "as fixed-point words plus pairwise keystreams (X25519 + "
+                                 "ChaCha20, fresh keys per run, never written); --exchange "
+                                 "compact and --algo ours or bns only. See docs/privacy.md")
     steps_per_epoch: int = option(0, "optimizer steps per epoch, each on a fresh sample of "
                                      "--sample-size draws (the paper's step length); 0: one pass "
                                      "over the nodes per epoch, ceil(n / s - 1e-6) steps (4 at the "
@@ -113,6 +121,15 @@ class TrainConfig:
              "one epoch; its final.json would otherwise report an untrained model)")
         need(self.exchange_buffer_mb > 0, "exchange-buffer-mb", self.exchange_buffer_mb,
              "a positive number of MB")
+        if self.secure and self.algo not in SECURE_ALGOS:
+            raise ValueError(f"--secure with --algo {self.algo!r}: masking protects the "
+                             f"cross-client exchange of {' and '.join(SECURE_ALGOS)}; expected "
+                             f"--algo one of {', '.join(SECURE_ALGOS)} (the others exchange no "
+                             "per-layer terms, or run in one process)")
+        if self.secure and self.exchange not in SECURE_EXCHANGES:
+            raise ValueError(f"--secure with --exchange {self.exchange!r}: expected --exchange "
+                             "compact (the dense and Reduce-tree modes are not masked; "
+                             "docs/privacy.md says why)")
         need(self.sample_size >= 0, "sample-size", self.sample_size, "an integer >= 0")
         need(self.steps_per_epoch >= 0, "steps-per-epoch", self.steps_per_epoch,
              "an integer >= 1, or 0 for one pass over the nodes per epoch")

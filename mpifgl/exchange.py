@@ -29,6 +29,9 @@ which alone knows how many senders touch each row. A chunk holds at least one ro
 
 The operator is self-adjoint over all clients (DESIGN.md section 1), so the backward pass is the
 same exchange applied to the gradient, with the same plan and chunks.
+
+``--secure`` (compact only): the terms travel as masked fixed-point words in Z_2^k, summed in
+the ring by the server; each owner removes the masks (mpifgl.secure, docs/privacy.md).
 """
 from __future__ import annotations
 
@@ -40,6 +43,9 @@ import torch
 
 from mpifgl.communicator import Communicator
 from mpifgl.graph import CrossExchangePlan, CSRArrays
+from mpifgl.secure import (EMPTY_EXPONENT, ExchangeMasks, SecureSession, ceil_exponent,
+                           exponent_word, largest_exponent, ring_of, scale_exponent,
+                           word_exponent)
 
 MODES = ("compact", "compact-reduce", "reduce", "star")
 COMPACT_MODES = ("compact", "compact-reduce")
@@ -65,6 +71,7 @@ class Routing:
     # [chunk sum rows, gathered rows] that adds the gathered rows up in client order
     sender_bounds: np.ndarray | None = None  # int64 [m, k+1]
     sum_matrices: list[CSRArrays] | None = None
+    masks: ExchangeMasks | None = None  # --secure, a client's side
 
     @property
     def num_chunks(self) -> int:
@@ -95,12 +102,18 @@ class CrossClientExchange:
     (collective; the server passes y of shape [0, d])."""
 
     def __init__(self, comm: Communicator, mode: str, buffer_bytes: int, max_width: int,
-                 dtype: np.dtype):
+                 dtype: np.dtype, masking: SecureSession | None = None):
         if mode not in MODES:
             raise ValueError(f"--exchange {mode!r}, expected one of {', '.join(MODES)}")
+        if masking is not None and mode != "compact":
+            raise ValueError(f"--secure with --exchange {mode!r}: expected --exchange compact")
         self.comm = comm
         self.mode = mode
         self.dtype = np.dtype(dtype)
+        self.masking = masking
+        self._pass, self._calls = "exchange", 0  # --secure: the slot of the next exchange
+        # what travels and what the server adds: ring words when masked, else the floats
+        self.wire_dtype = ring_of(self.dtype) if masking is not None else self.dtype
         # rows of the widest exchange that fit the buffer cap
         self.row_budget = max(1, int(buffer_bytes) // (max(1, max_width) * self.dtype.itemsize))
         self.id_budget = max(1, int(buffer_bytes) // (8 * comm.size))  # ids per rank per round
@@ -114,6 +127,8 @@ class CrossClientExchange:
                 plan.routing = self._prepare_compact(plan)
             else:
                 plan.routing = self._prepare_dense(plan)
+        if self.masking is not None and not self.comm.is_server:
+            plan.routing.masks = self.masking.exchange_masks(plan)
 
     def _prepare_dense(self, plan: CrossExchangePlan) -> Routing:
         total = int(plan.segment_rows.sum())
@@ -202,7 +217,7 @@ class CrossClientExchange:
         matrices = []
         total = max([int(np.diff(sender_bounds[:, c:c + 2]).sum())
                      for c in range(row_bounds.shape[0] - 1)], default=0)
-        ones = np.ones(total, dtype=self.dtype)
+        ones = np.ones(total, dtype=self.wire_dtype)
         for c in range(row_bounds.shape[0] - 1):
             low, rows = int(row_bounds[c]), int(row_bounds[c + 1] - row_bounds[c])
             target = np.concatenate([r[sender_bounds[j, c]:sender_bounds[j, c + 1]]
@@ -255,6 +270,9 @@ class CrossClientExchange:
         # compact modes: an owner's sum rows are its receive rows; dense: all its rows
         receive_rows = plan.receive_rows if self.mode in COMPACT_MODES else None
         with self.comm.counting_exchange():
+            if self.masking is not None:
+                self._masked_exchange(plan, values, result, receive_rows, add)
+                return
             for c in range(routing.num_chunks):
                 summed = self._sum_chunk(plan, routing, c, values)
                 self._scatter_chunk(routing, c, summed, result, receive_rows, plan.own_segment,
@@ -312,6 +330,108 @@ class CrossClientExchange:
                 result[rows] += received.reshape(mine, width)
             else:
                 result[rows] = received.reshape(mine, width)
+
+
+    # -- --secure: masked ring words, lagged exponents -----------------------------------------
+    def start_pass(self, purpose: str) -> None:
+        """A forward (and backward) pass begins: with --secure its exchanges are the slots
+        (purpose, 0), (purpose, 1), ... (training: layers 1..L forward, then L..1 backward),
+        each keeping its exponent from one pass to the next."""
+        self._pass, self._calls = purpose, 0
+
+    def _masked_exchange(self, plan: CrossExchangePlan, values: np.ndarray, result: np.ndarray,
+                         receive_rows: np.ndarray, add: bool) -> None:
+        """The compact exchange in the ring with the slot's lagged range. Chunk 0 carries one
+        word each way: each sender's needed exponent up, the largest of them down; every rank so
+        learns the slot's next range and whether this attempt's range was exceeded, in which
+        case every rank runs the whole exchange again (new counter) before writing anything."""
+        masking, routing = self.masking, plan.routing
+        slot = (self._pass, self._calls)
+        self._calls += 1
+        if routing.num_chunks == 0:  # no cross-client row anywhere (every rank knows)
+            return
+        first_rows = self._send_rows(plan, routing, 0, values)
+        if routing.num_chunks == 1 or routing.masks is None:
+            needed = largest_exponent(first_rows)
+        else:  # a bound rather than every chunk's terms computed twice
+            bound = routing.masks.term_bound * float(np.max(np.abs(values), initial=0.0))
+            needed = ceil_exponent(bound * (1 + 2.0 ** -10)) if bound else EMPTY_EXPONENT
+        used = masking.exchange_range(self.comm, slot, needed)
+        while True:
+            counter = masking.next_counter()
+            exponent = scale_exponent(self.wire_dtype, masking.num_clients, used)
+            for c in range(routing.num_chunks):
+                rows = first_rows if c == 0 else self._send_rows(plan, routing, c, values)
+                summed, largest = self._masked_sum_chunk(routing, c, rows, counter, exponent,
+                                                         needed, needed <= used)
+                largest = self._masked_scatter_chunk(routing, c, summed, largest, used, counter,
+                                                     exponent, result, receive_rows,
+                                                     plan.own_segment, values.shape[1], add)
+                if c == 0 and masking.settle(slot, largest, used):
+                    used = largest
+                    break
+            else:
+                return
+
+    def _masked_sum_chunk(self, routing: Routing, c: int, rows: np.ndarray, counter: int,
+                          exponent: int, needed: int, in_range: bool
+                          ) -> tuple[np.ndarray | None, int | None]:
+        """Chunk c's masked ring sums [rows, d] at the server (None elsewhere) and, for chunk 0,
+        the largest exponent the senders report (at the server)."""
+        comm, width = self.comm, rows.shape[1]
+        send = rows.astype(self.wire_dtype)  # the server's: empty
+        if not comm.is_server:
+            send = self.masking.mask_rows(routing.masks, counter, int(routing.send_bounds[c]),
+                                          rows, exponent, self.wire_dtype, in_range)
+            if c == 0:
+                send = np.concatenate([exponent_word(needed, self.wire_dtype), send.ravel()])
+        counts = None
+        if comm.is_server:
+            counts = np.concatenate([[0], np.diff(routing.sender_bounds[:, c:c + 2])[:, 0]]) * width
+            counts[1:] += 1 if c == 0 else 0
+        flat = comm.gatherv(send, counts)
+        if flat is None:
+            return None, None
+        largest = None
+        if c == 0:
+            word_at = (np.cumsum(counts) - counts)[1:]  # each client's first word
+            largest = int(np.max(word_exponent(flat[word_at]), initial=EMPTY_EXPONENT))
+            flat = np.delete(flat, word_at)
+        return routing.sum_matrices[c].matmul(flat.reshape(-1, width)), largest
+
+    def _masked_scatter_chunk(self, routing: Routing, c: int, summed: np.ndarray | None,
+                              largest: int | None, used: int, counter: int, exponent: int,
+                              result: np.ndarray, receive_rows: np.ndarray, own: int, width: int,
+                              add: bool) -> int | None:
+        """Send each owner its masked sums of chunk c (chunk 0: after the largest exponent);
+        this client unmasks and writes (or adds) them unless that exponent exceeds ``used``.
+        Returns the largest exponent for chunk 0 on every rank."""
+        low, high = int(routing.row_bounds[c]), int(routing.row_bounds[c + 1])
+        per_owner = _rows_in(low, high, routing.owner_start[:-1], routing.owner_start[1:])
+        counts = np.concatenate([[0], per_owner]) * width
+        send = None
+        if self.comm.is_server:
+            send = summed.ravel()
+            if c == 0:
+                send = np.insert(send, (np.cumsum(counts) - counts)[1:],
+                                 exponent_word(largest, self.wire_dtype)[0])
+        if c == 0:
+            counts[1:] += 1
+        mine = int(per_owner[own]) if own >= 0 else 0
+        received = self.comm.scatterv(send, counts if self.comm.is_server else None,
+                                      int(counts[self.comm.rank]), self.wire_dtype)
+        if c == 0 and not self.comm.is_server:
+            largest, received = int(word_exponent(received[:1])[0]), received[1:]
+        if mine and (c > 0 or largest <= used):
+            first = max(low, int(routing.owner_start[own])) - int(routing.owner_start[own])
+            decoded = self.masking.unmask_rows(routing.masks, counter, first,
+                                               received.reshape(mine, width), exponent,
+                                               self.dtype)
+            if add:
+                result[receive_rows[first:first + mine]] += decoded
+            else:
+                result[receive_rows[first:first + mine]] = decoded
+        return largest
 
 
 class _CrossClientSum(torch.autograd.Function):

@@ -26,6 +26,7 @@ from mpifgl.graph import ClientGraph
 from mpifgl.optim import Adam
 from mpifgl.runlog import CHECKPOINT_NAME, RunDirectory
 from mpifgl.sampling import group_counts, node_groups
+from mpifgl.secure import SecureSession
 
 log = logging.getLogger("mpifgl")
 SPLITS = ("train", "val", "test")
@@ -55,23 +56,29 @@ class RankSetup:
     # Independent, reproducible streams per rank for sampling and dropout (saved in checkpoints).
     sample_rng: np.random.Generator
     dropout_rng: np.random.Generator
+    # --secure: this run's keys (agreed in create, held in memory only); None without masking
+    secure: SecureSession | None = None
 
     @classmethod
     def create(cls, config: TrainConfig, comm: Communicator, graph: ClientGraph,
                num_classes: int) -> "RankSetup":
-        """One sum over ranks gives the global group counts (for the sampler) and split sizes."""
+        """One sum over ranks gives the global group counts (for the sampler) and split sizes;
+        with --secure the keys are agreed first (collective) and the sum is masked."""
+        secure = (SecureSession.agree(comm) if config.secure and not comm.is_single_process
+                  else None)
         masks = {"train": graph.train_mask, "val": graph.val_mask, "test": graph.test_mask}
         groups = node_groups(graph.y, graph.train_mask, num_classes)
         local = np.concatenate([group_counts(groups, num_classes),
                                 [int(masks[s].sum()) for s in SPLITS]]).astype(np.int64)
-        totals = comm.sum_to_all(local)
+        totals = secure.sum_to_all(comm, local) if secure is not None else comm.sum_to_all(local)
         seeds = np.random.SeedSequence([config.seed, comm.rank]).generate_state(2)
         return cls(config, comm, graph, num_classes,
                    torch.float64 if config.dtype == "float64" else torch.float32,
                    torch.from_numpy(np.asarray(graph.y, dtype=np.int64)), masks, groups,
                    totals[:num_classes + 1],
                    dict(zip(SPLITS, (int(v) for v in totals[num_classes + 1:]))),
-                   np.random.default_rng(int(seeds[0])), np.random.default_rng(int(seeds[1])))
+                   np.random.default_rng(int(seeds[0])), np.random.default_rng(int(seeds[1])),
+                   secure)
 
 
 class TrainingMethod(Protocol):
@@ -145,7 +152,9 @@ class Trainer:
         correct = (logits.argmax(dim=1) == self.setup.y).numpy()
         counts = np.asarray([correct[self.setup.masks[s]].sum() for s in SPLITS],
                             dtype=np.float64)
-        totals = self.comm.sum_to_server(counts)
+        secure = self.setup.secure
+        totals = (secure.sum_to_server(self.comm, counts) if secure is not None
+                  else self.comm.sum_to_server(counts))
         if totals is None:
             return None
         return {f"{s}_micro_f1": float(totals[k]) / max(1, self.setup.global_split_counts[s])

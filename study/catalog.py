@@ -41,6 +41,8 @@ METHODS = {m.name: m for m in (
     Method("bns", "BNS-GCN", "bns"),
     Method("ours-full", "ours-full", "ours", ("--sampling", "none")),  # no sampling
     Method("ours-star", "ours*", "ours", ("--no-normalize",)),  # sampling without 1/p
+    # the masked exchange and sums (docs/privacy.md): what privacy costs in time and bytes
+    Method("ours-secure", "Ours (GCN, --secure)", "ours", ("--secure",)),
 )}
 
 # The rows of each section, in table order. Figures 3 and 4 also run "centralized" as the
@@ -50,7 +52,8 @@ SECTION_METHODS = {
                "graphsaint", "fedavg", "fedavg-nc", "bns"),
     "fig3": ("ours", "fedavg", "fedavg-nc"),
     "fig4": ("ours", "fedavg", "fedavg-nc"),
-    "table4": ("ours-full", "fedavg", "ours"),  # ours-full plays CAGNET's role (full batch)
+    # ours-full plays CAGNET's role (full batch); ours-secure: ours with --secure
+    "table4": ("ours-full", "fedavg", "ours", "ours-secure"),
     "table5": ("ours-full", "ours-star", "ours"),  # the ablation
     "fig5": ("ours",),
     "fig6": ("ours", "ours-full"),

@@ -91,7 +91,8 @@ class GNNMethod:
         self.exchanged = not comm.is_single_process  # cross-client terms go through the server
         self.exchange = (CrossClientExchange(comm, config.exchange,
                                              int(config.exchange_buffer_mb * 2 ** 20),
-                                             max(self.model.widths[1:]), self.numpy_dtype)
+                                             max(self.model.widths[1:]), self.numpy_dtype,
+                                             setup.secure)
                          if self.exchanged else None)
         if sampler is not None:
             config = sampler.resolved(config)
@@ -107,6 +108,11 @@ class GNNMethod:
         if self.exchange is not None and operator.exchange is not None:
             self.exchange.prepare(operator.exchange)
         return operator
+
+    def start_pass(self, purpose: str) -> None:
+        """--secure: a training step's exchanges and an evaluation's keep separate exponents."""
+        if self.exchange is not None:
+            self.exchange.start_pass(purpose)
 
     # -- one step -------------------------------------------------------------------------------
     def train_step(self) -> float:
@@ -154,6 +160,7 @@ class GNNMethod:
     def loss_and_gradients(self, operator: LayerOperator, global_train_rows: int) -> float:
         """Phases forward, loss, backward, gradient sum: leaves the GLOBAL gradient in every
         parameter's .grad on every rank and returns the global loss."""
+        self.start_pass("train")
         if not self.comm.is_client:
             return self._server_loss_and_gradients(operator.exchange)
         self.model.train()
@@ -171,7 +178,12 @@ class GNNMethod:
     def _sum_gradients_and_loss(self, grads: np.ndarray, loss: float) -> float:
         """Phase 'gradient sum': one message of all gradients + the loss, summed over ranks; the
         sums go into every parameter's .grad and the summed loss is returned."""
-        summed = self.comm.sum_to_all(np.append(grads, np.asarray(loss, dtype=grads.dtype)))
+        vector = np.append(grads, np.asarray(loss, dtype=grads.dtype))
+        if self.setup.secure is not None:  # zero-sum masks: the server learns only the totals
+            segments = [p.numel() for p in self.model.parameters()] + [1]
+            summed = self.setup.secure.sum_to_all(self.comm, vector, segments)
+        else:
+            summed = self.comm.sum_to_all(vector)
         set_flat_grads(self.model, summed[:-1])
         return float(summed[-1])
 
@@ -194,6 +206,7 @@ class GNNMethod:
     @torch.no_grad()
     def full_logits(self) -> torch.Tensor:
         """Full-graph forward (the exchange of every layer); [0, C] on the server."""
+        self.start_pass("eval")
         if not self.comm.is_client:
             self.server_exchanges(self.full_operator.exchange, backward=False)
             return torch.zeros((0, self.setup.num_classes), dtype=self.dtype)

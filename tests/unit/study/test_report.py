@@ -78,6 +78,24 @@ def test_report_from_fake_runs(tmp_path):
     assert (float(mean), float(std)) == pytest.approx((0.85, 0.05))
 
 
+def test_table4_has_the_secure_row(tmp_path):
+    """Table 4 (time and communication cost) runs ``ours`` with --secure and reports its row."""
+    config = StudyConfig(datasets=("cora",), out=tmp_path, seeds=(0,), figure_seeds=(0,),
+                         client_counts=(4,), only=("table4",), epochs=100, figure_epochs=100,
+                         step_lengths=(1,))
+    plan = build_plan(config, lambda d, m: 0.01, lambda d: 100)
+    assert any("/ours-secure-" in key for key in plan.runs)
+    payload = plan.to_json()
+    payload.update(config={"datasets": ["cora"], "seeds": [0]}, unavailable={}, sessions=[])
+    (tmp_path / "plan.json").write_text(json.dumps(payload))
+    for key in plan.runs:
+        _fake_run(tmp_path, key, 0.8, np.zeros((4, 2)), ranks=5)
+    text = write_report(tmp_path).read_text()
+    assert "| Ours (GCN, --secure) | 4 |" in text
+    assert any(line.startswith("ours-secure,4,")
+               for line in (tmp_path / "table4.csv").read_text().splitlines())
+
+
 def test_summarize_metrics_skips_warmup_epoch():
     records = [{"epoch_seconds": 9.0, "compute_seconds": 9.0, "comm_seconds": 0.0,
                 "bytes_sent": [0, 2 ** 20], "bytes_received": [0, 0], "peak_rss_mb": [1, 2]},

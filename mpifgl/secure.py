@@ -1,0 +1,447 @@
+"""``--secure``: the server (and any rank that relays) handles only values that look like uniform
+random bits; each owner recovers only its rows' sums, and the server only the totals it needs.
+No mpi4py here: collectives go through the Communicator passed in. docs/privacy.md is the one
+home of what each rank can learn in each mode.
+
+Key set-up, once per run (``SecureSession.agree``, collective): every client draws an X25519 key
+pair in memory; the server relays the public keys and a fresh random salt; each pair of clients
+derives, with HKDF-SHA256 of their shared secret, one key per direction for the exchange (i -> j
+and j -> i differ: the X25519 secret is symmetric) and one pair key for the zero-sum masks. Keys
+live only in this object: never pickled, logged or written (tests check the run's files).
+
+Keystreams: ChaCha20 (256-bit key), nonce = session counter [64 bits], block counter = the
+64-byte block index [32 bits: 256 GB per stream]. The session counter advances once per masked
+operation (every exchange of training, evaluation and ``--save-logits``, every masked sum),
+identically on every rank, so (key, counter, block) never repeats within a run; keys are fresh
+every run (a resume agrees new ones).
+
+Fixed point: a float vector is encoded as round(v * 2^e) in the ring Z_2^k (k = 32 for float32
+runs, k = 64 for float64, so the bytes on the wire do not change). With a range exponent b (terms
+|v| <= 2^b) and c = ceil(log2 m), e = k - 2 - c - b keeps every term within 2^(k-2-c) and any sum
+of m terms within 2^(k-1). Each sender checks its encoded terms against that limit before masking
+(a wrapped sum cannot be detected afterwards). Rounding error per term <= 2^-(e+1), so a sum of m
+terms is off by at most m * 2^-(e+1) (``sum_error_bound``).
+
+Lagged exponents: b is not agreed per operation. Each slot (an exchange's pass and call, a masked
+sum's segments) runs with the largest exponent of its last use plus HEADROOM_BITS, learns this
+use's largest from the operation's own messages (the exchange: one word each way in chunk 0; a
+sum: an unmasked exponent histogram tail), and runs again with a new counter when a term
+outgrew the range. Only a slot's first use agrees b with a max-allreduce. docs/privacy.md.
+
+Compact exchange masks: sender i adds to the terms it sends for owner j the keystream of
+k_{i->j}, word p*d+w for the w-th value of its p-th row for j (rows in ascending S-position: the
+order of i's touched rows inside j's segment, which chunking only cuts, never reorders). The
+server adds masked terms in the ring; owner j knows from its own cross block which of its rows
+each sender touches (A_ij = A_ji^T) and subtracts those keystreams. Weight gradients, the loss and
+the evaluation's counts: zero-sum pairwise masks (client i adds keystream(k_{ij}) for j > i and
+subtracts it for j < i), cancelling only in the total over all clients.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import struct
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+import numpy as np
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from mpifgl.communicator import Communicator
+
+log = logging.getLogger("mpifgl")
+
+RING_DTYPES = {np.dtype(np.float32): np.dtype(np.uint32), np.dtype(np.float64): np.dtype(np.uint64)}
+SIGNED = {np.dtype(np.uint32): np.dtype(np.int32), np.dtype(np.uint64): np.dtype(np.int64)}
+KEY_BYTES = 32
+BLOCK_BYTES = 64  # ChaCha20 block: the keystream's unit of position
+MAX_BLOCKS = 2 ** 32  # ChaCha20's block counter
+# the exponent a rank reports when all its terms are zero (fits the int32 word that carries it)
+EMPTY_EXPONENT = -(2 ** 30)
+# bits of growth a lagged range absorbs: terms up to 2^HEADROOM_BITS times the last use's largest
+HEADROOM_BITS = 2
+# the masked sum's exponent histogram: HISTOGRAM_WORDS buckets per segment, bucket
+# HISTOGRAM_AT_RANGE holding the lagged range itself (lower exponents share bucket 0, those more
+# than HISTOGRAM_WORDS - 1 - HISTOGRAM_AT_RANGE bits above it the top bucket)
+HISTOGRAM_WORDS = 64
+HISTOGRAM_AT_RANGE = 48
+
+
+class FixedPointOverflow(ValueError):
+    """A value outside the agreed fixed-point range (or not finite): the sum would wrap."""
+
+
+# -- fixed point ------------------------------------------------------------------------------
+def ring_of(dtype: np.dtype) -> np.dtype:
+    """The ring Z_2^k of a float dtype's runs: uint32 for float32, uint64 for float64."""
+    return RING_DTYPES[np.dtype(dtype)]
+
+
+def ceil_exponent(max_abs: float) -> int:
+    """The smallest b with max_abs <= 2^b (EMPTY_EXPONENT for 0); refuses inf and NaN."""
+    if not math.isfinite(max_abs):
+        raise FixedPointOverflow(f"--secure: a value to be masked is {max_abs}, expected a finite "
+                                 "number (the model diverged; lower --lr)")
+    if max_abs == 0.0:
+        return EMPTY_EXPONENT
+    mantissa, exponent = math.frexp(max_abs)  # max_abs = mantissa * 2^exponent, 0.5 <= mantissa < 1
+    return exponent
+
+
+def largest_exponent(values: np.ndarray) -> int:
+    """ceil_exponent of the largest |value| (EMPTY_EXPONENT for none); refuses inf and NaN."""
+    if not values.size:
+        return EMPTY_EXPONENT
+    return ceil_exponent(float(np.max([values.max(), -values.min()])))  # NaN propagates
+
+
+def lagged_range(agreed: int) -> int:
+    """The range exponent of a slot's next use: the last use's largest plus the headroom."""
+    return agreed if agreed == EMPTY_EXPONENT else agreed + HEADROOM_BITS
+
+
+def exponent_word(exponent: int, ring: np.dtype) -> np.ndarray:
+    """One exponent as one word of the ring (signed; travels unmasked)."""
+    return np.asarray([exponent], dtype=SIGNED[np.dtype(ring)]).view(ring)
+
+
+def word_exponent(words: np.ndarray) -> np.ndarray:
+    """The exponents carried by ring words -> int64."""
+    return np.asarray(words).view(SIGNED[np.asarray(words).dtype]).astype(np.int64)
+
+
+def scale_exponent(ring: np.dtype, num_clients: int, max_exponent: int) -> int:
+    """e such that any term |v| <= 2^max_exponent encodes within 2^(k-2-c), c = ceil(log2 m)."""
+    if max_exponent == EMPTY_EXPONENT:
+        return 0
+    bits = 8 * np.dtype(ring).itemsize
+    return bits - 2 - term_headroom(num_clients) - int(max_exponent)
+
+
+def term_headroom(num_clients: int) -> int:
+    return max(0, math.ceil(math.log2(max(1, num_clients))))
+
+
+def term_limit(ring: np.dtype, num_clients: int) -> float:
+    """Largest encoded |term| allowed: 2^(k-2-c)."""
+    return float(2 ** (8 * np.dtype(ring).itemsize - 2 - term_headroom(num_clients)))
+
+
+def sum_error_bound(ring: np.dtype, num_clients: int, max_abs: float) -> float:
+    """Absolute error bound of a decoded sum of at most m terms, each |v| <= max_abs:
+    m * 2^-(e+1) (round to nearest per term)."""
+    e = scale_exponent(ring, num_clients, ceil_exponent(max_abs))
+    return num_clients * 2.0 ** (-e - 1)
+
+
+def _times_power_of_two(values: np.ndarray, exponent: int) -> np.ndarray:
+    """values * 2^exponent in their own float type: exact (a power of two only shifts the
+    exponent); a multiply where 2^exponent is a normal number of that type, else ldexp."""
+    info = np.finfo(values.dtype)
+    if info.minexp < exponent < info.maxexp:
+        return values * values.dtype.type(2.0 ** exponent)
+    return np.ldexp(values, exponent)
+
+
+def encode(values: np.ndarray, exponent: int, ring: np.dtype, num_clients: int) -> np.ndarray:
+    """round(values * 2^exponent) in Z_2^k, after checking every term against the range. The
+    float type of the run is kept (k = its width): the scaled values fit it exactly."""
+    values = np.asarray(values)
+    float_type = np.float32 if ring == np.uint32 else np.float64
+    values = values.astype(float_type, copy=False)
+    limit = term_limit(ring, num_clients)
+    if values.size:
+        largest = float(max(values.max(), -values.min())) * 2.0 ** exponent
+        if not largest <= limit:  # also catches NaN
+            raise FixedPointOverflow(
+                f"--secure: a value of magnitude {largest * 2.0 ** -exponent:.6g} exceeds the "
+                f"fixed-point range {limit * 2.0 ** -exponent:.6g} agreed for this sum "
+                f"(ring Z_2^{8 * ring.itemsize}, scale 2^{exponent}); expected finite values "
+                "within it (the model diverged, or a rank reported a wrong maximum)")
+    scaled = _times_power_of_two(values, exponent)
+    np.rint(scaled, out=scaled)
+    return scaled.astype(SIGNED[ring]).view(ring)
+
+
+def decode(ring_values: np.ndarray, exponent: int, dtype: np.dtype) -> np.ndarray:
+    """Signed value of each ring element times 2^-exponent, in ``dtype`` (one rounding)."""
+    signed = ring_values.view(SIGNED[ring_values.dtype]).astype(dtype)
+    return _times_power_of_two(signed, -exponent)
+
+
+# -- keys and keystreams ----------------------------------------------------------------------
+_ZERO_BYTES = [bytes(0)]
+
+
+def _zeros(length: int) -> memoryview:
+    """``length`` zero bytes, from one buffer kept across calls (the keystream's plaintext)."""
+    if len(_ZERO_BYTES[0]) < length:
+        _ZERO_BYTES[0] = bytes(max(length, 2 * len(_ZERO_BYTES[0])))
+    return memoryview(_ZERO_BYTES[0])[:length]
+
+
+def _derive(secret: bytes, salt: bytes, label: str) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=salt,
+                info=label.encode()).derive(secret)
+
+
+@dataclass
+class NonceRecord:
+    """One keystream use: which key (by its label, never the key), counter, block range."""
+
+    key_label: tuple
+    role: str  # mask / unmask (exchange), add / subtract (zero-sum)
+    counter: int
+    first_block: int
+    end_block: int
+
+
+@dataclass
+class ExchangeMasks:
+    """Per plan, what a client needs to mask and unmask one compact exchange."""
+
+    owner_first: np.ndarray  # int64 [m+1]: its touched rows of owner j are [f[j], f[j+1])
+    # the largest row abs-sum of the send matrix: max|term| <= term_bound * max|y| (chunked
+    # exchanges report this bound rather than compute every chunk's terms twice)
+    term_bound: float = 0.0
+    # per sender i (None for itself): positions, among this owner's receive rows, of the rows i
+    # touches, ascending (= i's send order for this owner)
+    rows_from: list[np.ndarray | None] = field(default_factory=list)
+
+
+class SecureSession:
+    """One rank's keys and counter for a run (the server holds no key)."""
+
+    def __init__(self, client_id: int, num_clients: int, exchange_to: dict[int, bytes],
+                 exchange_from: dict[int, bytes], pair: dict[int, bytes]):
+        self.client_id = client_id
+        self.num_clients = num_clients
+        self._exchange_to = exchange_to  # owner j -> k_{me->j}
+        self._exchange_from = exchange_from  # sender i -> k_{i->me}
+        self._pair = pair  # other client j -> k_{me,j}
+        self.counter = 0
+        self.nonce_log: list[NonceRecord] | None = None  # tests switch it on
+        # per slot (an exchange's layer and direction, a masked sum's segments): the largest
+        # exponent of its last use, the same on every rank; the next use's lagged range
+        self.agreed_exponents: dict[Hashable, int | tuple[int, ...]] = {}
+        self.redos = 0  # masked operations run again because a term outgrew its lagged range
+
+    def __repr__(self) -> str:  # keys must never reach a log line
+        return (f"SecureSession(client {self.client_id} of {self.num_clients}, "
+                f"counter {self.counter})")
+
+    def __reduce__(self):
+        raise TypeError("a SecureSession holds keys and is never pickled")
+
+    @classmethod
+    def agree(cls, comm: Communicator) -> "SecureSession":
+        """Collective: fresh X25519 keys per client, public keys and a salt relayed by the
+        server, HKDF-derived keys per direction and per pair."""
+        num_clients = comm.size - 1
+        client_id = comm.rank - 1
+        private = None if comm.is_server else X25519PrivateKey.generate()
+        public = None if private is None else private.public_key().public_bytes_raw()
+        publics = comm.gather_objects(public)
+        relayed = (publics[1:], os.urandom(KEY_BYTES)) if comm.is_server else None
+        public_keys, salt = comm.broadcast_object(relayed)
+        exchange_to, exchange_from, pair = {}, {}, {}
+        if private is not None:
+            if public_keys[client_id] != public:
+                raise ValueError(f"--secure: the server relayed another public key for client "
+                                 f"{client_id} than the one it sent")
+            for j, other in enumerate(public_keys):
+                if j == client_id:
+                    continue
+                secret = private.exchange(X25519PublicKey.from_public_bytes(other))
+                exchange_to[j] = _derive(secret, salt, f"mpifgl exchange {client_id}->{j}")
+                exchange_from[j] = _derive(secret, salt, f"mpifgl exchange {j}->{client_id}")
+                low, high = sorted((client_id, j))
+                pair[j] = _derive(secret, salt, f"mpifgl zero-sum {low}-{high}")
+        return cls(client_id, num_clients, exchange_to, exchange_from, pair)
+
+    def next_counter(self) -> int:
+        """The counter of the next masked operation (every rank calls this in the same order)."""
+        self.counter += 1
+        return self.counter
+
+    def key_material(self) -> list[bytes]:
+        """Every key this rank holds (for the tests that look for them in the run's files)."""
+        return [*self._exchange_to.values(), *self._exchange_from.values(), *self._pair.values()]
+
+    def _keystream(self, key: bytes, key_label: tuple, role: str, counter: int,
+                   word_offset: int, count: int, ring: np.dtype) -> np.ndarray:
+        """Ring words [word_offset, word_offset + count) of the stream of (key, counter)."""
+        itemsize = ring.itemsize
+        start = word_offset * itemsize
+        first_block, skip = divmod(start, BLOCK_BYTES)
+        total = skip + count * itemsize
+        if self.nonce_log is not None:
+            self.nonce_log.append(NonceRecord(key_label, role, counter, first_block,
+                                              first_block + -(-total // BLOCK_BYTES)))
+        end_block = first_block + -(-total // BLOCK_BYTES)
+        assert end_block <= MAX_BLOCKS, "one keystream of 256 GB: chunk the exchange"
+        # cryptography's ChaCha20 nonce: block counter (32 bits, little-endian) + 96-bit nonce
+        nonce = struct.pack("<IQI", first_block, counter, 0)
+        encryptor = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor()
+        stream = np.empty(total + BLOCK_BYTES, dtype=np.uint8)
+        encryptor.update_into(_zeros(total), stream)  # ChaCha20 of zeros: the keystream itself
+        return stream[skip:skip + count * itemsize].view(ring)
+
+    # -- the compact exchange -------------------------------------------------------------------
+    def exchange_masks(self, plan) -> ExchangeMasks:
+        """Per plan (mpifgl.graph.CrossExchangePlan): where this client's send rows of each owner
+        start, and which of its receive rows each sender touches (from its own cross block)."""
+        starts = np.concatenate([[0], np.cumsum(plan.segment_rows)]).astype(np.int64)
+        owner_first = np.searchsorted(plan.touched, starts).astype(np.int64)
+        rows_from: list[np.ndarray | None] = []
+        for i in range(self.num_clients):
+            if i == self.client_id or plan.send_rows is None:
+                rows_from.append(None)
+                continue
+            # my touched rows in i's segment are the S-positions of i's nodes adjacent to my
+            # sampled nodes; those nodes (the send matrix's columns) are the rows i touches here
+            indptr = plan.send_rows.indptr
+            own_nodes = np.unique(plan.send_rows.indices[indptr[owner_first[i]]:
+                                                         indptr[owner_first[i + 1]]])
+            rows_from.append(np.searchsorted(plan.receive_rows, own_nodes).astype(np.int64))
+        term_bound = 0.0
+        if plan.send_rows is not None and plan.send_rows.data.size:
+            row_sums = np.add.reduceat(np.abs(plan.send_rows.data.astype(np.float64)),
+                                       plan.send_rows.indptr[:-1].clip(
+                                           max=plan.send_rows.data.size - 1))
+            row_sums[np.diff(plan.send_rows.indptr) == 0] = 0.0  # reduceat's empty rows
+            term_bound = float(row_sums.max())
+        return ExchangeMasks(owner_first, term_bound, rows_from)
+
+    def exchange_range(self, comm: Communicator, slot: Hashable, needed: int) -> int:
+        """The range exponent of this use of an exchange slot: the lagged one, or on the slot's
+        first use the largest ``needed`` of any rank (collective, once per slot and run)."""
+        if slot in self.agreed_exponents:
+            return lagged_range(int(self.agreed_exponents[slot]))
+        return int(comm.max_to_all(np.asarray([needed], dtype=np.int64))[0])
+
+    def settle(self, slot: Hashable, largest: int, used: int) -> bool:
+        """Record the largest exponent any sender needed in this use of ``slot`` (every rank
+        learns it from the server's status word); True if it exceeded the range ``used``, so the
+        operation must run again (a new counter) with that exponent."""
+        self.agreed_exponents[slot] = largest
+        overflowed = largest > used
+        if overflowed:
+            self.redos += 1
+            log.debug("--secure: %s needed 2^%d beyond its lagged range 2^%d: redone (redo %d)",
+                      slot, largest, used, self.redos)
+        return overflowed
+
+    def mask_rows(self, masks: ExchangeMasks, counter: int, send_low: int, rows: np.ndarray,
+                  exponent: int, ring: np.dtype, in_range: bool = True) -> np.ndarray:
+        """This sender's terms [r, d] for its touched rows [send_low, send_low + r), encoded and
+        masked per owner -> ring [r, d]. ``in_range`` False: the terms exceed this attempt's
+        range (it will be redone), so masked zeros stand in for them."""
+        encoded = (encode(rows, exponent, ring, self.num_clients) if in_range
+                   else np.zeros(rows.shape, dtype=ring))
+        if not rows.size:
+            return encoded
+        width, send_high = rows.shape[1], send_low + rows.shape[0]
+        for j, key in self._exchange_to.items():
+            low = max(send_low, int(masks.owner_first[j]))
+            high = min(send_high, int(masks.owner_first[j + 1]))
+            if high <= low:
+                continue
+            stream = self._keystream(key, ("exchange", self.client_id, j), "mask", counter,
+                                     (low - int(masks.owner_first[j])) * width,
+                                     (high - low) * width, ring)
+            encoded[low - send_low:high - send_low] += stream.reshape(-1, width)
+        return encoded
+
+    def unmask_rows(self, masks: ExchangeMasks, counter: int, first: int, received: np.ndarray,
+                    exponent: int, dtype: np.dtype) -> np.ndarray:
+        """The ring sums [r, d] of this owner's receive rows [first, first + r), the senders'
+        keystreams removed, decoded -> float [r, d]."""
+        received = received.copy()
+        width = received.shape[1]
+        for i, key in self._exchange_from.items():
+            rows = masks.rows_from[i]
+            if rows is None:
+                continue
+            low, high = np.searchsorted(rows, [first, first + received.shape[0]])
+            if high <= low:
+                continue
+            stream = self._keystream(key, ("exchange", i, self.client_id), "unmask", counter,
+                                     int(low) * width, int(high - low) * width, received.dtype)
+            received[rows[low:high] - first] -= stream.reshape(-1, width)
+        return decode(received, exponent, dtype)
+
+    # -- sums over clients (weight gradients and loss, counts) ----------------------------------
+    def _zero_sum_mask(self, encoded: np.ndarray, counter: int) -> np.ndarray:
+        """Add this client's share of the pairwise masks that cancel in the total."""
+        for j, key in self._pair.items():
+            low, high = sorted((self.client_id, j))
+            role = "add" if self.client_id < j else "subtract"
+            stream = self._keystream(key, ("zero-sum", low, high), role, counter, 0,
+                                     encoded.shape[0], encoded.dtype)
+            if self.client_id < j:
+                encoded += stream
+            else:
+                encoded -= stream
+        return encoded
+
+    def sum_to_all(self, comm: Communicator, values: np.ndarray,
+                   segments: list[int] | None = None) -> np.ndarray:
+        """Collective: the sum over ranks of a 1-D float vector (one scale per segment of
+        ``segments`` lengths, default one) or int64 vector (exact, in Z_2^64), identical on
+        every rank; the server and relaying ranks see only masked ring words.
+
+        Floats: one collective in the common case. Each segment's scale comes from its last
+        use (lagged range), and an unmasked tail of HISTOGRAM_WORDS words per segment counts
+        the clients per needed exponent, so the sum itself tells every rank the range of the
+        next use and whether a term outgrew this one (then the sum runs again, new counter)."""
+        values = np.ascontiguousarray(values)
+        if values.dtype == np.int64:
+            masked = self._zero_sum_mask(values.view(np.uint64).copy(), self.next_counter())
+            return comm.sum_to_all(masked).view(np.int64)
+        ring, m = ring_of(values.dtype), self.num_clients
+        bounds = np.cumsum([0] + list(segments or [values.shape[0]]))
+        pieces = [values[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        needed = np.asarray([largest_exponent(p) for p in pieces], dtype=np.int64)
+        slot = ("sum", tuple(p.shape[0] for p in pieces))
+        if slot in self.agreed_exponents:
+            used = np.asarray([lagged_range(b) for b in self.agreed_exponents[slot]], np.int64)
+        else:
+            used = comm.max_to_all(needed)  # the slot's first use: once per run
+        while True:
+            scales = [scale_exponent(ring, m, int(u)) for u in used]
+            encoded = np.concatenate([encode(p, e, ring, m) if n <= u else np.zeros(p.shape, ring)
+                                      for p, e, n, u in zip(pieces, scales, needed, used)])
+            tail = np.zeros((len(pieces), HISTOGRAM_WORDS), dtype=ring)
+            for k, (n, u) in enumerate(zip(needed, used)):
+                if n != EMPTY_EXPONENT:
+                    tail[k, int(np.clip(n - u + HISTOGRAM_AT_RANGE, 0, HISTOGRAM_WORDS - 1))] = 1
+            masked = self._zero_sum_mask(encoded, self.next_counter())
+            total = comm.sum_to_all(np.concatenate([masked, tail.ravel()]))
+            histogram = total[values.shape[0]:].reshape(len(pieces), HISTOGRAM_WORDS)
+            if histogram[:, -1].any():  # an exponent beyond the window: ask for it exactly
+                largest = comm.max_to_all(needed)
+            else:
+                largest = np.asarray([u + int(np.flatnonzero(row)[-1]) - HISTOGRAM_AT_RANGE
+                                      if row.any() else EMPTY_EXPONENT
+                                      for row, u in zip(histogram, used)], dtype=np.int64)
+            self.agreed_exponents[slot] = tuple(int(b) for b in largest)
+            if np.all(largest <= used):
+                return np.concatenate([decode(total[a:b], e, values.dtype)
+                                       for a, b, e in zip(bounds[:-1], bounds[1:], scales)])
+            self.redos += 1
+            log.debug("--secure: a masked sum needed 2^%s beyond its lagged range 2^%s: redone "
+                      "(redo %d)", largest.tolist(), used.tolist(), self.redos)
+            used = np.maximum(used, largest)
+
+    def sum_to_server(self, comm: Communicator, counts: np.ndarray) -> np.ndarray | None:
+        """Collective: the sum of integer-valued float64 counts at the server (None
+        elsewhere), masked like ``sum_to_all``."""
+        counter = self.next_counter()
+        encoded = np.rint(np.asarray(counts, dtype=np.float64)).astype(np.int64).view(np.uint64)
+        total = comm.sum_to_server(self._zero_sum_mask(encoded.copy(), counter))
+        return None if total is None else total.view(np.int64).astype(np.float64)

@@ -1,0 +1,563 @@
+"""mpifgl.secure (--secure), without mpirun: ranks are threads (tests/thread_comm.py).
+
+* exactness: the masked exchange equals the plain one within the derived bound m * 2^-(e+1)
+  per row sum (e from the range each use ran with); lagged exponents: a jump redoes the
+  operation, a steady slot never does, every rank ends with one exponent state; secure logits, loss and gradients equal the program's centralized mode (1e-10 in
+  float64, 1e-5 in float32, as test_exactness.py) for 1-4 clients, full graph and sampled;
+* what the server sees: ring words only, uniform bytes (chi-square), different between two runs
+  with fresh keys on identical data while the results are the same;
+* no (key, counter, block) used twice in a whole run (training, evaluation, --save-logits), and
+  no key in any file the run writes;
+* fixed-point overflow and non-finite values stop with a clear error; bad flag combinations are
+  refused naming both flags.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from graphs import random_graph, random_parts, write_shards
+from thread_comm import ThreadWorld
+from mpifgl import secure
+from mpifgl.config import TrainConfig
+from mpifgl.exchange import CrossClientExchange
+from mpifgl.graph import ClientGraph, build_operator
+from mpifgl.model import flat_grads, select_rows
+from mpifgl.sampling import NodeSample
+from fgl_common.shard_format import load_client_shard, read_manifest, shard_filename
+from mpifgl.communicator import Communicator, LocalComm
+from mpifgl.methods import build_trainer
+
+TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
+SAMPLE_KEEP = 0.6
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Ranks are threads: one intra-op thread each, as under an oversubscribed mpirun."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def fixed_sample(client_sizes) -> list[NodeSample]:
+    rng = np.random.default_rng(123)
+    samples = []
+    for n_j in client_sizes:
+        index = np.flatnonzero(rng.random(int(n_j)) < SAMPLE_KEEP).astype(np.int64)
+        samples.append(NodeSample(index, np.full(index.shape[0], SAMPLE_KEEP)))
+    return samples
+
+
+def shards_for(toy_graph, tmp_path: Path, num_clients: int, seed: int = 5) -> Path:
+    return write_shards(toy_graph, random_parts(toy_graph.num_nodes, num_clients, seed=seed),
+                        tmp_path / f"shards-{num_clients}-{seed}")
+
+
+def model_config(shard_dir, dtype: str, secure_flag: bool, buffer_mb: float = 256.0,
+                 backbone: str = "gcn") -> TrainConfig:
+    return TrainConfig(shards=str(shard_dir), backbone=backbone, dtype=dtype, dropout=0.0,
+                       sampling="none", layers=3, hidden=16, seed=3, secure=secure_flag,
+                       exchange_buffer_mb=buffer_mb)
+
+
+def one_step(comm, shard_dir, config: TrainConfig, sampled: bool):
+    """One forward/backward (full graph or the fixed sample) -> (loss, grads, logits by global
+    id) on the server, plus the rank's SecureSession."""
+    manifest = read_manifest(shard_dir)
+    graph = ClientGraph.for_rank(shard_dir, manifest, comm.client_id)
+    trainer = build_trainer(config, comm, graph, manifest.num_classes).method
+    if sampled:
+        own = fixed_sample(manifest.client_sizes())[comm.client_id] if comm.client_id >= 0 else None
+        operator, train_rows = trainer.operator_for_sample(own)
+    else:
+        operator, train_rows = trainer.full_operator, trainer.setup.global_split_counts["train"]
+    loss = trainer.loss_and_gradients(operator, train_rows)
+    if comm.is_server:
+        trainer.server_exchanges(operator.exchange, backward=False)
+        logits = np.zeros((0, manifest.num_classes))
+    else:
+        trainer.model.eval()
+        logits = trainer.model(select_rows(trainer.x, operator.rows), operator,
+                               trainer.exchange).detach().numpy().astype(np.float64)
+    parts = comm.gatherv_rows(logits)
+    ids = comm.gatherv_rows(graph.global_id[operator.rows][:, None].astype(np.int64)
+                            if comm.client_id >= 0 else np.zeros((0, 1), np.int64))
+    if not comm.is_server:
+        return None
+    order = np.concatenate([p[:, 0] for p in ids])
+    stacked = np.concatenate(parts)[np.argsort(order)]
+    return loss, flat_grads(trainer.model), stacked
+
+
+def centralized(shard_dir, config: TrainConfig, sampled: bool):
+    manifest = read_manifest(shard_dir)
+    shards = [load_client_shard(shard_dir / shard_filename(i)) for i in range(manifest.num_clients)]
+    graph = ClientGraph.merged(shards)
+    trainer = build_trainer(config.replace(secure=False), LocalComm(), graph,
+                            manifest.num_classes).method
+    if sampled:
+        offsets = np.concatenate([[0], np.cumsum(manifest.client_sizes())])
+        samples = fixed_sample(manifest.client_sizes())
+        merged = NodeSample(np.concatenate([offsets[j] + s.index for j, s in enumerate(samples)]),
+                            np.concatenate([s.probability for s in samples]))
+        operator, train_rows = trainer.operator_for_sample(merged)
+    else:
+        operator, train_rows = trainer.full_operator, trainer.setup.global_split_counts["train"]
+    loss = trainer.loss_and_gradients(operator, train_rows)
+    trainer.model.eval()
+    logits = trainer.model(select_rows(trainer.x, operator.rows), operator, None).detach().numpy()
+    order = np.argsort(graph.global_id[operator.rows])
+    return loss, flat_grads(trainer.model), logits[order].astype(np.float64)
+
+
+def assert_close(found, expected, tolerance, what):
+    found, expected = np.asarray(found, np.float64), np.asarray(expected, np.float64)
+    assert found.shape == expected.shape, what
+    error = float(np.max(np.abs(found - expected))) if found.size else 0.0
+    scale = max(1.0, float(np.max(np.abs(expected)))) if expected.size else 1.0
+    assert error <= tolerance * scale, f"{what}: {error:.3e} > {tolerance:.0e} x {scale:.3g}"
+
+
+# -- exactness ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("num_clients", [1, 2, 3, 4])
+@pytest.mark.parametrize("sampled", [False, True])
+def test_secure_model_equals_centralized(toy_graph, tmp_path, num_clients, sampled):
+    shard_dir = shards_for(toy_graph, tmp_path, num_clients)
+    for dtype in ("float64", "float32"):
+        config = model_config(shard_dir, dtype, True)
+        found = ThreadWorld(num_clients + 1).run(
+            lambda comm: one_step(comm, shard_dir, config, sampled))[0]
+        expected = centralized(shard_dir, config, sampled)
+        for name, a, b in zip(("loss", "grads", "logits"), found, expected):
+            assert_close(a, b, TOLERANCE[dtype], f"{dtype} {name} ({num_clients} clients)")
+
+
+@pytest.mark.parametrize("backbone", ["gcn", "1gnn"])
+def test_secure_with_one_row_chunks_equals_plain(toy_graph, tmp_path, backbone):
+    """Chunking cuts every masked exchange into one-row pieces: keystream positions follow the
+    rows, so the result is the plain exchange's within the fixed-point bound."""
+    shard_dir = shards_for(toy_graph, tmp_path, 3)
+    for dtype in ("float64", "float32"):
+        results = [ThreadWorld(4).run(lambda comm: one_step(
+            comm, shard_dir, model_config(shard_dir, dtype, flag, 1e-6, backbone), True))[0]
+            for flag in (False, True)]
+        for name, a, b in zip(("loss", "grads", "logits"), *results):
+            assert_close(b, a, TOLERANCE[dtype], f"{backbone} {dtype} {name}")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("buffer_mb", [256.0, 1e-6])
+def test_masked_exchange_within_the_derived_bound(toy_graph, tmp_path, dtype, buffer_mb):
+    """One exchange of random terms, plain and masked: every owner's row sums differ by at most
+    m * 2^-(e+1), e = k - 2 - ceil(log2 m) - ceil(log2 max|term|) (mpifgl.secure)."""
+    num_clients = 4
+    shard_dir = shards_for(toy_graph, tmp_path, num_clients, seed=2)
+    manifest = read_manifest(shard_dir)
+    torch_dtype = torch.float64 if dtype == np.float64 else torch.float32
+
+    def body(comm, masked: bool):
+        graph = ClientGraph.for_rank(shard_dir, manifest, comm.client_id)
+        session = secure.SecureSession.agree(comm) if masked else None
+        exchange = CrossClientExchange(comm, "compact", int(buffer_mb * 2 ** 20), 5, dtype,
+                                       session)
+        plan = build_operator(graph, "gcn", None, None, torch_dtype, True).exchange
+        exchange.prepare(plan)
+        rows = plan.send_rows.shape[1] if plan.send_rows is not None else 0
+        y = np.random.default_rng(comm.rank).normal(scale=30.0, size=(rows, 5)).astype(dtype)
+        terms = plan.send_rows.matmul(y) if plan.send_rows is not None else np.zeros((0, 5))
+        return exchange(plan, torch.from_numpy(y)).numpy(), float(np.abs(terms).max(initial=0))
+
+    plain = ThreadWorld(num_clients + 1).run(lambda comm: body(comm, False))
+    masked = ThreadWorld(num_clients + 1).run(lambda comm: body(comm, True))
+    ring = secure.ring_of(np.dtype(dtype))
+    largest = max(found for _, found in masked)
+    bound = secure.sum_error_bound(ring, num_clients, largest)
+    float_rounding = num_clients * np.finfo(dtype).eps * largest  # the plain sum's own
+    for (a, _), (b, _) in zip(plain[1:], masked[1:]):
+        assert np.max(np.abs(a.astype(np.float64) - b), initial=0) <= bound + float_rounding
+
+
+# -- lagged exponents: redo on a jump, none in a steady run, one state on every rank ------------
+def exchange_sequence(toy_graph, tmp_path, dtype, buffer_mb: float, scales: list[float]):
+    """One exchange slot used once per scale (terms of that magnitude), plain and masked ->
+    (plain outputs by rank, masked outputs by rank, sessions by rank, max_to_all calls)."""
+    num_clients = 4
+    shard_dir = shards_for(toy_graph, tmp_path, num_clients, seed=2)
+    manifest = read_manifest(shard_dir)
+    torch_dtype = torch.float64 if dtype == np.float64 else torch.float32
+
+    def body(comm, masked: bool):
+        graph = ClientGraph.for_rank(shard_dir, manifest, comm.client_id)
+        session = secure.SecureSession.agree(comm) if masked else None
+        exchange = CrossClientExchange(comm, "compact", int(buffer_mb * 2 ** 20), 5, dtype,
+                                       session)
+        plan = build_operator(graph, "gcn", None, None, torch_dtype, True).exchange
+        exchange.prepare(plan)
+        rows = plan.send_rows.shape[1] if plan.send_rows is not None else 0
+        rng = np.random.default_rng(comm.rank)
+        outputs, states = [], []
+        for scale in scales:
+            exchange.start_pass("train")
+            y = rng.normal(scale=scale, size=(rows, 5)).astype(dtype)
+            outputs.append(exchange(plan, torch.from_numpy(y)).numpy().copy())
+            if session is not None:
+                states.append(dict(session.agreed_exponents))
+        return outputs, states, session
+
+    plain = ThreadWorld(num_clients + 1).run(lambda comm: body(comm, False))
+    world = ThreadWorld(num_clients + 1)
+    masked = world.run(lambda comm: body(comm, True))
+    return plain, masked, world.max_to_all_calls
+
+
+def assert_within_range_bound(plain, masked, dtype, num_clients: int = 4):
+    """Each use's outputs within m * 2^-(e+1) of the plain ones, e from the range that use
+    ran with: the lagged one, or after a redo the exponent the senders reported."""
+    ring = secure.ring_of(np.dtype(dtype))
+    states = masked[1][1]  # every rank holds the same (asserted by the callers)
+    for use in range(len(states)):
+        largest = states[use][("train", 0)]
+        used = largest if use == 0 else max(secure.lagged_range(states[use - 1][("train", 0)]),
+                                             largest)
+        bound = num_clients * 2.0 ** (-secure.scale_exponent(ring, num_clients, used) - 1)
+        float_rounding = num_clients * np.finfo(dtype).eps * 2.0 ** largest
+        for (a, _, _), (b, _, _) in zip(plain[1:], masked[1:]):
+            error = np.max(np.abs(a[use].astype(np.float64) - b[use]), initial=0)
+            assert error <= bound + float_rounding, (use, error, bound)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("buffer_mb", [256.0, 1e-6])
+def test_a_jump_beyond_the_headroom_redoes_the_exchange_and_stays_exact(toy_graph, tmp_path,
+                                                                       dtype, buffer_mb):
+    """Terms 2^6 times larger than the last use exceed the lagged range (2 bits of headroom):
+    every rank redoes the exchange once with the reported exponent; the result is the plain
+    exchange's within the bound of that exponent, and every rank ends with one state."""
+    scales = [1.0, 64.0, 64.0, 1.0 / 64]
+    plain, masked, agreements = exchange_sequence(toy_graph, tmp_path, dtype, buffer_mb, scales)
+    sessions = [session for _, _, session in masked]
+    assert [s.redos for s in sessions] == [1] * 5  # the server's view included
+    assert all(states == masked[0][1] for _, states, _ in masked)
+    assert agreements == 1  # the slot's first use only
+    assert_within_range_bound(plain, masked, dtype)
+
+
+@pytest.mark.parametrize("buffer_mb", [256.0, 1e-6])
+def test_a_steady_slot_needs_no_redo_and_no_agreement_after_its_first_use(toy_graph, tmp_path,
+                                                                          buffer_mb):
+    scales = [1.0, 1.5, 0.8, 2.0, 1.2, 1.0]
+    plain, masked, agreements = exchange_sequence(toy_graph, tmp_path, np.float32, buffer_mb,
+                                                  scales)
+    assert [session.redos for _, _, session in masked] == [0] * 5
+    assert agreements == 1
+    assert all(states == masked[0][1] for _, states, _ in masked)
+    assert_within_range_bound(plain, masked, np.float32)
+
+
+def test_masked_sums_learn_their_range_from_the_histogram(toy_graph, tmp_path):
+    """The gradient sum's segments: steady -> one collective per call; a jump inside the
+    histogram's window -> a redo, no extra collective; beyond it -> one agreement; the sums are
+    exact within each segment's bound throughout, and a NaN stops the job."""
+    num_clients = 3
+    rounds = [(1.0, 1e-3), (1.2, 1e-3), (2.0 ** 8, 1e-3), (2.0 ** 8, 2.0 ** 40), (1.0, 1e-3)]
+
+    def body(comm):
+        session = secure.SecureSession.agree(comm)
+        rng = np.random.default_rng(comm.rank)
+        sums, collectives, states = [], [], []
+        for big, small in rounds:
+            values = (np.concatenate([rng.normal(scale=big, size=50),
+                                      rng.normal(scale=small, size=7)])
+                      if comm.is_client else np.zeros(57))
+            before = comm.world.max_to_all_calls
+            sums.append((session.sum_to_all(comm, values, [50, 7]),
+                         comm.sum_to_all(values)))
+            collectives.append(comm.world.max_to_all_calls - before)
+            states.append(session.agreed_exponents[("sum", (50, 7))])
+        return sums, collectives, session.redos, states
+
+    results = ThreadWorld(num_clients + 1).run(body)
+    sums, collectives, redos, states = results[0]
+    assert all(r[3] == states for r in results) and all(r[2] == redos for r in results)
+    assert redos == 2  # the jump to 2^8, then the one to 2^40
+    assert collectives == [1, 0, 0, 1, 0]
+    for use, (masked, plain) in enumerate(sums):
+        for k, piece in enumerate((slice(0, 50), slice(50, 57))):
+            # the range this use ran with: the lagged one, or the reported one after a redo
+            used = states[use][k] if use == 0 else max(secure.lagged_range(states[use - 1][k]),
+                                                       states[use][k])
+            bound = num_clients * 2.0 ** -(secure.scale_exponent(
+                np.dtype(np.uint64), num_clients, used) + 1)
+            largest = float(np.max(np.abs(plain[piece])))
+            assert np.max(np.abs(masked[piece] - plain[piece])) <= bound + 1e-12 * largest
+
+    def diverged(comm):
+        session = secure.SecureSession.agree(comm)
+        session.sum_to_all(comm, np.ones(4), [4])
+        bad = np.full(4, np.nan) if comm.client_id == 0 else np.ones(4)
+        return session.sum_to_all(comm, bad, [4])
+
+    with pytest.raises(secure.FixedPointOverflow, match="expected a finite number"):
+        ThreadWorld(3).run(diverged)
+
+
+def test_secure_bns_steps_equal_the_unmasked_ones(toy_graph, tmp_path):
+    """--algo bns runs the same masked exchange: three sampled steps give the plain losses."""
+    shard_dir = shards_for(toy_graph, tmp_path, 3)
+    manifest = read_manifest(shard_dir)
+
+    def body(comm, flag: bool):
+        graph = ClientGraph.for_rank(shard_dir, manifest, comm.client_id)
+        config = TrainConfig(shards=str(shard_dir), algo="bns", dtype="float64", hidden=8,
+                             boundary_p=0.5, secure=flag)
+        method = build_trainer(config, comm, graph, manifest.num_classes).method
+        return [method.train_step() for _ in range(3)]
+
+    plain, masked = (ThreadWorld(4).run(lambda comm: body(comm, flag))[0] for flag in (False, True))
+    np.testing.assert_allclose(masked, plain, rtol=1e-10)
+
+
+# -- what the server sees -----------------------------------------------------------------------
+def chi_square_uniform_bytes(octets: np.ndarray) -> float:
+    counts = np.bincount(octets, minlength=256)
+    expected = counts.sum() / 256
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def split_clear_words(kind: str, words: np.ndarray, tail_words: int
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """(masked words, words sent in clear) of one buffer a client sent the server: a one-chunk
+    exchange's first word is the sender's exponent; a float sum (the gradients and loss) ends
+    in its exponent histogram; count sums are masked whole (docs/privacy.md)."""
+    if kind == "gatherv":
+        return words[1:], words[:1]
+    if words.shape[0] > tail_words:
+        return words[:-tail_words], words[-tail_words:]
+    return words, words[:0]
+
+
+def server_view(toy_graph, tmp_path, dtype: str):
+    """(result, masked words, clear words, every buffer) the server received in one step."""
+    shard_dir = shards_for(toy_graph, tmp_path, 3)
+    world = ThreadWorld(4)
+    config = model_config(shard_dir, dtype, True)
+    result = world.run(lambda comm: one_step(comm, shard_dir, config, True))[0]
+    from mpifgl.model import GNN
+    tensors = len(list(GNN(config.backbone, toy_graph.x.shape[1], config.hidden,
+                           toy_graph.num_classes, config.layers, 0.0, 0).parameters()))
+    tail_words = secure.HISTOGRAM_WORDS * (tensors + 1)
+    masked, clear = [], []
+    for kind, rank, v in world.server_received:
+        if v.dtype.kind == "u":
+            hidden, shown = split_clear_words(kind, v, tail_words)
+            masked.append((kind, rank, hidden))
+            clear.append((kind, rank, shown))
+    return result, masked, clear, world.server_received
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_server_receives_uniform_words_that_change_with_the_keys(toy_graph, tmp_path, dtype):
+    first, seen_first, clear_first, everything = server_view(toy_graph, tmp_path, dtype)
+    second, seen_second, clear_second, _ = server_view(toy_graph, tmp_path, dtype)
+    # every float-valued buffer a client sent the server is ring words (ids are int32/int64)
+    assert all(v.dtype.kind in "ui" for _, _, v in everything)
+    assert {kind for kind, _, _ in seen_first} == {"gatherv", "sum"}
+    ring = secure.ring_of(np.dtype(dtype))
+    # the exchange's terms travel as words of the run's ring (integer counts in Z_2^64)
+    assert {v.dtype for kind, _, v in seen_first if kind == "gatherv"} == {ring}
+    words = np.concatenate([np.ascontiguousarray(v).view(np.uint8).ravel()
+                            for _, _, v in seen_first])
+    assert words.size > 8000
+    # chi-square of the byte histogram, 255 degrees of freedom: p = 1e-4 at 347
+    assert chi_square_uniform_bytes(words) < 347
+    # same data, same seed, fresh keys: the words differ (as often as random bytes would),
+    # the results do not
+    again = np.concatenate([np.ascontiguousarray(v).view(np.uint8).ravel()
+                            for _, _, v in seen_second])
+    assert again.shape == words.shape
+    assert np.mean(again == words) < 2 / 256
+    for a, b in zip(first, second):
+        np.testing.assert_array_equal(a, b)
+    # in clear: each sender's exponent per exchange, the clients' exponent histogram per
+    # gradient segment; the same in both runs (they depend on the data, not the keys)
+    for (kind, _, a), (_, _, b) in zip(clear_first, clear_second):
+        np.testing.assert_array_equal(a, b)
+        signed = secure.word_exponent(a)
+        if kind == "gatherv":
+            assert signed[0] == secure.EMPTY_EXPONENT or abs(signed[0]) < 1100
+        else:
+            assert set(signed.tolist()) <= {0, 1}
+
+
+def test_plain_run_sends_floats_the_secure_run_hides(toy_graph, tmp_path):
+    """Control for the test above: without --secure the server receives the float terms."""
+    shard_dir = shards_for(toy_graph, tmp_path, 3)
+    world = ThreadWorld(4)
+    world.run(lambda comm: one_step(comm, shard_dir, model_config(shard_dir, "float64", False),
+                                    False))
+    kinds = {v.dtype.kind for _, _, v in world.server_received}
+    assert "f" in kinds
+
+
+# -- nonces and keys across a whole run ---------------------------------------------------------
+def test_whole_run_uses_every_keystream_block_once_and_writes_no_key(toy_graph, tmp_path):
+    """A real run (train.train on every rank: set-up, 3 epochs of sampled steps, evaluation,
+    checkpoints, --save-logits): no (key, counter, block) twice, and no key's bytes (raw or
+    hex) in any file it writes."""
+    import logging
+    from mpifgl import train as train_module
+    shard_dir = shards_for(toy_graph, tmp_path, 3)
+    out = tmp_path / "run"
+    sessions: dict[int, secure.SecureSession] = {}
+    original_agree = secure.SecureSession.agree.__func__
+
+    def recording_agree(cls, comm):
+        session = original_agree(cls, comm)
+        session.nonce_log = []
+        sessions[comm.rank] = session
+        return session
+
+    config = TrainConfig(shards=str(shard_dir), out=str(out), epochs=3, hidden=8,
+                         sample_size=30, secure=True, save_logits=True, checkpoint_every=1,
+                         verbose=True)
+    log_lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            log_lines.append(self.format(record))
+
+    logger = logging.getLogger("mpifgl")
+    handler = Collect()
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    secure.SecureSession.agree = classmethod(recording_agree)
+    try:
+        def body(comm):
+            progress = train_module.RankProgress(config)
+            return train_module.train(config, comm, progress, set())
+        assert ThreadWorld(4).run(body) == [0, 0, 0, 0]
+    finally:
+        secure.SecureSession.agree = classmethod(original_agree)
+        logger.removeHandler(handler)
+    # every key's stream: each AES block at most once
+    # a stream's blocks are drawn twice by design, by its two holders (sender and owner, or the
+    # pair's adding and subtracting client): once per role
+    by_stream: dict[tuple, list[tuple[int, int]]] = {}
+    for session in sessions.values():
+        for record in session.nonce_log:
+            by_stream.setdefault((record.key_label, record.counter, record.role), []).append(
+                (record.first_block, record.end_block))
+    for key, ranges in by_stream.items():
+        ranges.sort()
+        for (a0, a1), (b0, b1) in zip(ranges, ranges[1:]):
+            assert a1 <= b0, f"{key}: blocks {a0}-{a1} and {b0}-{b1} overlap"
+    assert len({r.counter for s in sessions.values() for r in s.nonce_log}) > 20
+    # no key material in any file of the run, nor in the log
+    keys = [k for s in sessions.values() for k in s.key_material()]
+    assert len(keys) == 3 * 2 * 3  # 3 clients x 2 others x (to, from, pair)
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert {p.name for p in files} >= {"config.json", "metrics.jsonl", "final.json", "model.pt",
+                                        "logits.npy"}
+    text = "\n".join(log_lines)
+    for path in files:
+        blob = path.read_bytes()
+        for key in keys:
+            assert key not in blob and key.hex().encode() not in blob, path
+    for key in keys:
+        assert key.hex() not in text
+    import json
+    assert json.loads((out / "config.json").read_text())["secure"] is True
+
+
+@pytest.mark.parametrize("dtype", [np.uint32, np.uint64])
+def test_keystream_positions_are_seekable_and_keys_and_counters_separate(dtype):
+    """Words [a, b) of a stream are the same whether drawn alone or as part of [0, n): chunked
+    exchanges mask each row with the words of its position; another counter or key gives
+    another stream."""
+    session = secure.SecureSession(0, 2, {}, {}, {})
+    ring = np.dtype(dtype)
+    whole = session._keystream(b"k" * 32, (), "mask", 7, 0, 1000, ring)
+    for low, high in ((0, 1), (3, 40), (17, 1000), (999, 1000)):
+        part = session._keystream(b"k" * 32, (), "mask", 7, low, high - low, ring)
+        np.testing.assert_array_equal(part, whole[low:high])
+    assert np.mean(session._keystream(b"k" * 32, (), "mask", 8, 0, 1000, ring) == whole) < 0.01
+    assert np.mean(session._keystream(b"j" * 32, (), "mask", 7, 0, 1000, ring) == whole) < 0.01
+
+
+def test_a_session_refuses_to_be_pickled():
+    import pickle
+    session = secure.SecureSession(0, 2, {1: b"k" * 32}, {1: b"l" * 32}, {1: b"m" * 32})
+    with pytest.raises(TypeError, match="never pickled"):
+        pickle.dumps(session)
+    assert "k" * 8 not in repr(session)
+
+
+# -- fixed point --------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_encode_decode_round_trip_and_overflow(dtype):
+    ring = secure.ring_of(np.dtype(dtype))
+    values = np.asarray([-3.5, 0.0, 1e-3, 29.9], dtype=dtype)
+    e = secure.scale_exponent(ring, 8, secure.ceil_exponent(29.9))
+    decoded = secure.decode(secure.encode(values, e, ring, 8), e, np.dtype(dtype))
+    assert np.max(np.abs(decoded - values)) <= 2.0 ** (-e - 1) + np.finfo(dtype).eps * 30
+    # eight terms at the limit still sum without wrapping
+    terms = [secure.encode(np.asarray([-29.9], dtype), e, ring, 8) for _ in range(8)]
+    total = np.sum(terms, axis=0, dtype=ring)
+    assert abs(secure.decode(total, e, np.dtype(np.float64))[0] + 8 * 29.9) < 1e-5
+    with pytest.raises(secure.FixedPointOverflow, match="exceeds the fixed-point range"):
+        secure.encode(np.asarray([64.0], dtype), e, ring, 8)
+    with pytest.raises(secure.FixedPointOverflow, match="finite"):
+        secure.ceil_exponent(float("nan"))
+
+
+def test_diverged_values_stop_the_job_with_a_clear_error(toy_graph, tmp_path):
+    """A NaN in an exchange is refused before masking, on the rank that has it."""
+    shard_dir = shards_for(toy_graph, tmp_path, 2)
+    manifest = read_manifest(shard_dir)
+
+    def body(comm):
+        graph = ClientGraph.for_rank(shard_dir, manifest, comm.client_id)
+        method = build_trainer(model_config(shard_dir, "float32", True), comm, graph,
+                               manifest.num_classes).method
+        if comm.client_id == 0:
+            with torch.no_grad():
+                next(method.model.parameters()).fill_(float("nan"))
+        return method.loss_and_gradients(method.full_operator,
+                                          method.setup.global_split_counts["train"])
+
+    with pytest.raises(secure.FixedPointOverflow, match="expected a finite number"):
+        ThreadWorld(3).run(body)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (dict(exchange="reduce"), "--secure with --exchange 'reduce': expected --exchange compact"),
+    (dict(exchange="star"), "--secure with --exchange 'star'"),
+    (dict(exchange="compact-reduce"), "--secure with --exchange 'compact-reduce'"),
+    (dict(algo="centralized"), "--secure with --algo 'centralized'"),
+    (dict(algo="fedavg"), "--secure with --algo 'fedavg'"),
+])
+def test_secure_refuses_modes_it_does_not_mask(flags, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        TrainConfig(secure=True, **flags).validate()
+    TrainConfig(**flags).validate()
+    TrainConfig(secure=True, algo="bns").validate()
+
+
+def test_thread_comm_is_a_communicator():
+    """The stand-in implements the one Protocol, so the code under test takes it as it is."""
+    world = ThreadWorld(2)
+    from thread_comm import ThreadComm
+    assert isinstance(ThreadComm(world, 1), Communicator)
+
+
+def test_secure_module_does_not_import_mpi():
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", "import sys, mpifgl.secure; "
+                           "assert 'mpi4py' not in sys.modules"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

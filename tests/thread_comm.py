@@ -1,0 +1,171 @@
+"""An in-process stand-in for mpifgl.comm.Communicator: one thread per rank, collectives through
+shared slots and a barrier. Same results as MPI (the server sums in rank order, unsigned sums
+wrap), no mpirun, and a test can look at every buffer the server receives.
+
+    world = ThreadWorld(4)
+    results = world.run(lambda comm: body(comm))   # body(comm) on ranks 0..3, results by rank
+"""
+from __future__ import annotations
+
+import pickle
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable
+
+import numpy as np
+
+BARRIER_SECONDS = 120.0
+
+
+class ThreadWorld:
+    def __init__(self, size: int):
+        self.size = size
+        self.slots: list[Any] = [None] * size
+        self.barrier = threading.Barrier(size, timeout=BARRIER_SECONDS)
+        # every array the server received from a client (gatherv, sums): what it "sees"
+        self.server_received: list[tuple[str, int, np.ndarray]] = []
+        self.max_to_all_calls = 0  # the agreements --secure needs beyond the sums themselves
+
+    def run(self, body: Callable[["ThreadComm"], Any]) -> list[Any]:
+        results: list[Any] = [None] * self.size
+        errors: list[BaseException] = []
+
+        def target(rank: int) -> None:
+            try:
+                results[rank] = body(ThreadComm(self, rank))
+            except BaseException as exc:  # noqa: B036 - reported by run() below
+                errors.append(exc)
+                self.barrier.abort()
+
+        threads = [threading.Thread(target=target, args=(r,)) for r in range(self.size)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            first = next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)),
+                         errors[0])
+            raise first
+        return results
+
+
+class ThreadComm:
+    """One rank's side; implements every member of mpifgl.communicator.Communicator."""
+
+    def __init__(self, world: ThreadWorld, rank: int):
+        self.world = world
+        self.rank = rank
+        self.size = world.size
+        self.client_id = rank - 1
+        self.num_clients = world.size - 1
+        self.is_server = rank == 0
+        self.is_client = rank > 0
+        self.is_single_process = False
+        self.reset_counters()
+
+    def reset_counters(self) -> None:
+        self.seconds = 0.0
+        self.bytes_sent = self.bytes_received = 0
+        self.exchange_bytes_sent = self.exchange_bytes_received = 0
+
+    @contextmanager
+    def counting_exchange(self):
+        yield
+
+    def _share(self, value: Any) -> list[Any]:
+        """Every rank's value, on every rank (the one primitive the collectives use)."""
+        world = self.world
+        world.slots[self.rank] = value
+        world.barrier.wait()
+        shared = list(world.slots)
+        world.barrier.wait()
+        return shared
+
+    def _seen(self, kind: str, values: list[Any]) -> None:
+        if self.is_server:
+            for rank, value in enumerate(values[1:], start=1):
+                self.world.server_received.append((kind, rank, np.array(value, copy=True)))
+
+    # -- buffer collectives --------------------------------------------------------------------
+    def gatherv(self, send: np.ndarray, counts: np.ndarray | None) -> np.ndarray | None:
+        shared = self._share(np.array(send, copy=True))
+        if not self.is_server:
+            return None
+        self._seen("gatherv", shared)
+        flat = np.concatenate([s.ravel() for s in shared])
+        assert flat.shape[0] == int(np.sum(counts)), "gatherv counts disagree with the buffers"
+        return flat
+
+    def scatterv(self, send, counts, receive_count: int, dtype) -> np.ndarray:
+        mine = (np.array(send, copy=True).ravel(), np.asarray(counts)) if self.is_server else None
+        shared = self._share(mine)
+        flat, counts = shared[0]
+        assert flat.dtype == np.dtype(dtype), (flat.dtype, dtype)
+        start = int(np.sum(counts[:self.rank]))
+        assert int(counts[self.rank]) == receive_count
+        return flat[start:start + receive_count].copy()
+
+    def reduce_sum(self, buffer: np.ndarray) -> np.ndarray | None:
+        shared = self._share(np.array(buffer, copy=True))
+        return np.sum(shared, axis=0, dtype=buffer.dtype) if self.is_server else None
+
+    def gather_equal(self, send: np.ndarray) -> np.ndarray | None:
+        shared = self._share(np.array(send, copy=True))
+        return np.stack(shared) if self.is_server else None
+
+    def broadcast_array(self, values: np.ndarray | None) -> np.ndarray:
+        shared = self._share(values)
+        return np.asarray(shared[0], dtype=np.int64).copy()
+
+    def sum_to_all(self, values: np.ndarray) -> np.ndarray:
+        shared = self._share(np.array(values, copy=True))
+        self._seen("sum", shared)
+        total = shared[0].copy()
+        for value in shared[1:]:
+            total += value  # rank order, wrapping for unsigned words
+        return total
+
+    def sum_to_server(self, values: np.ndarray) -> np.ndarray | None:
+        total = self.sum_to_all(values)
+        return total if self.is_server else None
+
+    def max_to_all(self, values: np.ndarray) -> np.ndarray:
+        shared = self._share(np.asarray(values, dtype=np.int64).copy())
+        if self.is_server:
+            self.world.max_to_all_calls += 1
+        return np.max(np.stack(shared), axis=0)
+
+    def gather_rows(self, row: np.ndarray) -> np.ndarray | None:
+        shared = self._share(np.asarray(row, dtype=np.float64).copy())
+        return np.stack(shared) if self.is_server else None
+
+    def allgather_rows(self, row: np.ndarray) -> np.ndarray:
+        return np.stack(self._share(np.asarray(row, dtype=np.int64).copy()))
+
+    def gatherv_rows(self, rows: np.ndarray) -> list[np.ndarray] | None:
+        shared = self._share(np.array(rows, copy=True))
+        return shared if self.is_server else None
+
+    # -- pickled (a real MPI pickles these: so do we, which also refuses unpicklable keys) ------
+    def broadcast_object(self, value: Any) -> Any:
+        shared = self._share(pickle.dumps(value) if self.is_server else None)
+        return pickle.loads(shared[0])
+
+    def gather_objects(self, value: Any) -> list[Any] | None:
+        shared = self._share(pickle.dumps(value))
+        return [pickle.loads(s) for s in shared] if self.is_server else None
+
+    def scatter_objects(self, values: list[Any] | None) -> Any:
+        shared = self._share(pickle.dumps(values) if self.is_server else None)
+        return pickle.loads(shared[0])[self.rank]
+
+    def agree_on_errors(self, error: str | None) -> list[tuple[int, int, str]]:
+        return [(rank, rank - 1, message) for rank, message in enumerate(self._share(error))
+                if message]
+
+    def wait_for_server(self, poll_seconds: float = 0.05) -> None:
+        self._share(None)
+
+    def abort(self, code: int = 1) -> None:
+        self.world.barrier.abort()
+        raise RuntimeError(f"rank {self.rank} aborted with status {code}")
