@@ -10,7 +10,8 @@ import pytest
 from tests.helpers.mpi import REPO, mpi_env
 
 CHECKS = [
-    ("mpifgl.model, mpifgl.graph, mpifgl.sampling, mpifgl.trainer, fgl_common.shard_format",
+    ("mpifgl.model, mpifgl.graph, mpifgl.sampling, mpifgl.trainer, mpifgl.secure, "
+     "fgl_common.shard_format",
      ("mpi4py",)),
     ("data_prep.__main__, data_prep.api, data_prep.verify", ("mpi4py", "torch_geometric", "torch")),
     ("mpifgl.bias, study.report, study.runner, study.__main__", ("mpi4py", "torch")),

@@ -124,7 +124,7 @@ def test_only_comm_imports_mpi4py():
 
 @pytest.mark.parametrize("modules,forbidden", [
     (["mpifgl.model", "mpifgl.graph", "mpifgl.sampling", "mpifgl.trainer", "mpifgl.exchange",
-      "mpifgl.communicator", "fgl_common.shard_format"], {"mpi4py"}),
+      "mpifgl.communicator", "mpifgl.secure", "fgl_common.shard_format"], {"mpi4py"}),
     (["data_prep.__main__", "data_prep.api", "data_prep.verify"],
      {"mpi4py", "torch_geometric", "torch", "ogb"}),
     (["mpifgl.bias", "study.report", "study.runner", "study.__main__"], {"mpi4py", "torch"}),

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from mpi_util import run_mpi
+from tests.helpers.mpi import run_mpi
 
 pytestmark = pytest.mark.mpi
 TRAIN = ["-m", "mpifgl.train"]
