@@ -1,5 +1,5 @@
-"""Cost of --secure on amazon-computers with 8 clients: the masked compact exchange against the
-same exchange without masking, interleaved in one invocation.
+"""Cost of --secure: the masked compact exchange against the same exchange without masking,
+interleaved in one invocation (issue 14 measures amazon-computers with 8 clients).
 
     . .venv/bin/activate
     python -m data_prep --dataset amazon-computers --num-clients 8 \\
@@ -13,7 +13,9 @@ in the measured epochs (--eval-every beyond the run). Prints per run: seconds pe
 ranks, mean of the steady epochs 2..E-1), compute and communication seconds, bytes sent and
 received per client per epoch (every collective: exchange terms and ids, gradient sum, sample
 allgather, and with --secure the key set-up's share is in epoch 1 only, which is dropped), the
-exchange's own bytes; then secure / plain per round and the median. Targets (issue 14): epoch
+exchange's own bytes, and the CPU seconds a client spends per step outside MPI waits (compute
+plus the masking; the figure that does not depend on how many ranks share a core); then secure /
+plain per round and the median. Any number of clients: the world is the shards' M + 1 ranks. Targets (issue 14): epoch
 <= 1.3x, bytes <= 1.02x for float32 runs. Asserts nothing.
 """
 from __future__ import annotations
@@ -23,28 +25,39 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 
 REPO = Path(__file__).resolve().parents[1]
-CLIENTS = 8
+sys.path.insert(0, str(REPO))
+
+from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option  # noqa: E402
+from fgl_common.launch import mpirun_path  # noqa: E402
+from study.runner import subprocess_env  # noqa: E402
+
 METHODS = {"plain": [], "secure": ["--secure"]}
+STEPS_PER_EPOCH = 4  # the default s = ceil(n/4)
 
 
-def mpirun() -> str:
-    candidate = Path(sys.executable).parent / "mpirun"
-    return str(candidate) if candidate.exists() else "mpirun"
+@dataclass(frozen=True)
+class SecureBenchArgs:
+    shards: Path = option(None, "shard directory (python -m data_prep ...; issue 14: "
+                                "amazon-computers, 8 clients)", required=True)
+    epochs: int = option(10, "epochs per run (the first and last are not measured)")
+    repeats: int = option(3, "interleaved rounds of plain then secure")
+    dtype: str = option("float32", "floating point type of the runs", ("float32", "float64"))
+    work: Path = option(Path("/tmp/mpifgl-bench-secure"), "run directories go here")
 
 
-def run(shards: Path, out: Path, epochs: int, dtype: str, flags: list[str]) -> list[dict]:
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    command = [mpirun(), "-n", str(CLIENTS + 1), sys.executable, "-m", "mpifgl.train",
+def run(shards: Path, out: Path, clients: int, epochs: int, dtype: str,
+        flags: list[str]) -> list[dict]:
+    command = [mpirun_path(), "-n", str(clients + 1), sys.executable, "-m", "mpifgl.train",
                "--shards", str(shards), "--out", str(out), "--epochs", str(epochs),
                "--eval-every", str(10 * epochs), "--dtype", dtype, "--exchange", "compact",
                "--force", *flags]
-    done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True,
-                          timeout=3600)
+    done = subprocess.run(command, env=subprocess_env(), cwd=REPO, capture_output=True,
+                          text=True, timeout=3600)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed ({done.returncode}): {done.stderr[-2000:]}")
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -56,49 +69,60 @@ def per_client(records: list[dict], key: str) -> float:
     return sum(sum(r[key][1:]) / (len(r[key]) - 1) for r in records) / len(records)
 
 
+def client_cpu_ms_per_step(records: list[dict]) -> float:
+    """A client's seconds outside MPI per step (epoch minus its communication), mean over
+    clients and epochs, in ms."""
+    per_rank = [[e - c for e, c in zip(r["per_rank"]["epoch_seconds"][1:],
+                                       r["per_rank"]["comm_seconds"][1:])] for r in records]
+    return 1000 * sum(sum(x) / len(x) for x in per_rank) / len(per_rank) / STEPS_PER_EPOCH
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shards", type=Path, required=True,
-                        help="amazon-computers shards with 8 clients (python -m data_prep ...)")
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
-    parser.add_argument("--work", type=Path, default=Path("/tmp/mpifgl-bench-secure"))
-    args = parser.parse_args()
-    manifest = json.loads((args.shards / "manifest.json").read_text())
-    if manifest["num_clients"] != CLIENTS:
-        parser.error(f"--shards {args.shards}: {manifest['num_clients']} clients, expected "
-                     f"{CLIENTS}")
-    print(f"{manifest['dataset']}: n = {manifest['num_nodes']}, {CLIENTS} clients, "
-          f"{args.epochs} epochs x {args.repeats} rounds, {args.dtype}, {os.cpu_count()} cores, "
-          f"load average {os.getloadavg()[0]:.1f} at start\n")
-    print(f"{'run':12s} {'epoch s':>8s} {'compute s':>9s} {'comm s':>7s} {'MB sent/cl':>10s} "
-          f"{'MB recv/cl':>10s} {'exch MB sent/cl':>15s} {'exch MB recv/cl':>15s}")
+    add_dataclass_arguments(parser, SecureBenchArgs)
+    args = dataclass_from_namespace(SecureBenchArgs, parser.parse_args())
+    manifest_path = args.shards / "manifest.json"
+    if not manifest_path.is_file():
+        parser.error(f"--shards {args.shards}: no manifest.json; expected a directory written "
+                     "by python -m data_prep")
+    manifest = json.loads(manifest_path.read_text())
+    clients = int(manifest["num_clients"])
+    print(f"{manifest['dataset']}: n = {manifest['num_nodes']}, {clients} clients "
+          f"({clients + 1} ranks), {args.epochs} epochs x {args.repeats} rounds, {args.dtype}, "
+          f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start\n")
+    print(f"{'run':12s} {'epoch s':>8s} {'compute s':>9s} {'comm s':>7s} {'cl cpu ms/step':>14s} "
+          f"{'MB sent/cl':>10s} {'MB recv/cl':>10s} {'exch MB sent/cl':>15s} "
+          f"{'exch MB recv/cl':>15s}")
     rounds: list[dict[str, dict[str, float]]] = []
     for round_index in range(args.repeats):
         rounds.append({})
         for method, flags in METHODS.items():
-            records = run(args.shards, args.work / method, args.epochs, args.dtype, flags)
+            records = run(args.shards, args.work / method, clients, args.epochs, args.dtype,
+                          flags)
             figures = {"epoch": sum(r["epoch_seconds"] for r in records) / len(records),
                        "compute": sum(r["compute_seconds"] for r in records) / len(records),
                        "comm": sum(r["comm_seconds"] for r in records) / len(records),
+                       "cpu": client_cpu_ms_per_step(records),
                        **{key: per_client(records, key) for key in
                           ("bytes_sent", "bytes_received", "exchange_bytes_sent",
                            "exchange_bytes_received")}}
             rounds[-1][method] = figures
             mb = 2 ** 20
             print(f"{method + ' #' + str(round_index + 1):12s} {figures['epoch']:8.3f} "
-                  f"{figures['compute']:9.3f} {figures['comm']:7.3f} "
+                  f"{figures['compute']:9.3f} {figures['comm']:7.3f} {figures['cpu']:14.1f} "
                   f"{figures['bytes_sent'] / mb:10.3f} {figures['bytes_received'] / mb:10.3f} "
                   f"{figures['exchange_bytes_sent'] / mb:15.3f} "
                   f"{figures['exchange_bytes_received'] / mb:15.3f}", flush=True)
     print("\nsecure / plain (per round; median):")
-    for key, label in (("epoch", "epoch seconds"), ("bytes_sent", "bytes sent per client"),
+    for key, label in (("epoch", "epoch seconds"), ("cpu", "client CPU per step"),
+                       ("bytes_sent", "bytes sent per client"),
                        ("bytes_received", "bytes received per client"),
                        ("exchange_bytes_sent", "exchange bytes sent per client")):
         ratios = [r["secure"][key] / r["plain"][key] for r in rounds]
         print(f"  {label:32s} {median(ratios):6.3f} x  (rounds: "
               + ", ".join(f"{x:.3f}" for x in ratios) + ")")
+    extra = [r["secure"]["cpu"] - r["plain"]["cpu"] for r in rounds]
+    print(f"  masking CPU per client per step  {median(extra):6.1f} ms (median of rounds)")
     return 0
 
 
