@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers.graphs import random_graph, random_parts, write_shards
+from tests.helpers.exactness import fixed_sample
+from tests.helpers.graphs import random_parts, write_shards
 from tests.helpers.thread_comm import ThreadComm, ThreadWorld
 from mpifgl import secure
 from mpifgl.config import TrainConfig
@@ -32,7 +33,6 @@ from mpifgl.communicator import Communicator, LocalComm
 from mpifgl.methods import build_trainer
 
 TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
-SAMPLE_KEEP = 0.6
 
 
 @pytest.fixture(autouse=True)
@@ -42,15 +42,6 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def fixed_sample(client_sizes) -> list[NodeSample]:
-    rng = np.random.default_rng(123)
-    samples = []
-    for n_j in client_sizes:
-        index = np.flatnonzero(rng.random(int(n_j)) < SAMPLE_KEEP).astype(np.int64)
-        samples.append(NodeSample(index, np.full(index.shape[0], SAMPLE_KEEP)))
-    return samples
 
 
 def shards_for(toy_graph, tmp_path: Path, num_clients: int, seed: int = 5) -> Path:
@@ -150,6 +141,19 @@ def test_secure_with_one_row_chunks_equals_plain(toy_graph, tmp_path, backbone):
             assert_close(b, a, TOLERANCE[dtype], f"{backbone} {dtype} {name}")
 
 
+def exchange_on_plan(comm, shard_dir: Path, manifest, masked: bool, buffer_mb: float, dtype):
+    """This rank's compact exchange (masked or not) prepared on its full-graph plan, width 5
+    -> (exchange, plan, the number of rows y has, the session or None)."""
+    graph = ClientGraph.for_rank(shard_dir, manifest, comm.client_id)
+    session = secure.SecureSession.agree(comm) if masked else None
+    exchange = CrossClientExchange(comm, "compact", int(buffer_mb * 2 ** 20), 5, dtype, session)
+    torch_dtype = torch.float64 if dtype == np.float64 else torch.float32
+    plan = build_operator(graph, "gcn", None, None, torch_dtype, True).exchange
+    exchange.prepare(plan)
+    rows = plan.send_rows.shape[1] if plan.send_rows is not None else 0
+    return exchange, plan, rows, session
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("buffer_mb", [256.0, 1e-6])
 def test_masked_exchange_within_the_derived_bound(toy_graph, tmp_path, dtype, buffer_mb):
@@ -158,16 +162,10 @@ def test_masked_exchange_within_the_derived_bound(toy_graph, tmp_path, dtype, bu
     num_clients = 4
     shard_dir = shards_for(toy_graph, tmp_path, num_clients, seed=2)
     manifest = read_manifest(shard_dir)
-    torch_dtype = torch.float64 if dtype == np.float64 else torch.float32
 
     def body(comm, masked: bool):
-        graph = ClientGraph.for_rank(shard_dir, manifest, comm.client_id)
-        session = secure.SecureSession.agree(comm) if masked else None
-        exchange = CrossClientExchange(comm, "compact", int(buffer_mb * 2 ** 20), 5, dtype,
-                                       session)
-        plan = build_operator(graph, "gcn", None, None, torch_dtype, True).exchange
-        exchange.prepare(plan)
-        rows = plan.send_rows.shape[1] if plan.send_rows is not None else 0
+        exchange, plan, rows, session = exchange_on_plan(comm, shard_dir, manifest, masked,
+                                                         buffer_mb, dtype)
         y = np.random.default_rng(comm.rank).normal(scale=30.0, size=(rows, 5)).astype(dtype)
         terms = plan.send_rows.matmul(y) if plan.send_rows is not None else np.zeros((0, 5))
         return exchange(plan, torch.from_numpy(y)).numpy(), float(np.abs(terms).max(initial=0))
@@ -189,16 +187,10 @@ def exchange_sequence(toy_graph, tmp_path, dtype, buffer_mb: float, scales: list
     num_clients = 4
     shard_dir = shards_for(toy_graph, tmp_path, num_clients, seed=2)
     manifest = read_manifest(shard_dir)
-    torch_dtype = torch.float64 if dtype == np.float64 else torch.float32
 
     def body(comm, masked: bool):
-        graph = ClientGraph.for_rank(shard_dir, manifest, comm.client_id)
-        session = secure.SecureSession.agree(comm) if masked else None
-        exchange = CrossClientExchange(comm, "compact", int(buffer_mb * 2 ** 20), 5, dtype,
-                                       session)
-        plan = build_operator(graph, "gcn", None, None, torch_dtype, True).exchange
-        exchange.prepare(plan)
-        rows = plan.send_rows.shape[1] if plan.send_rows is not None else 0
+        exchange, plan, rows, session = exchange_on_plan(comm, shard_dir, manifest, masked,
+                                                         buffer_mb, dtype)
         rng = np.random.default_rng(comm.rank)
         outputs, states = [], []
         for scale in scales:
