@@ -379,16 +379,21 @@ class CrossClientExchange:
         """Chunk c's masked ring sums [rows, d] at the server (None elsewhere) and, for chunk 0,
         the largest exponent the senders report (at the server)."""
         comm, width = self.comm, rows.shape[1]
-        send = rows.astype(self.wire_dtype)  # the server's: empty
-        if not comm.is_server:
-            send = self.masking.mask_rows(routing.masks, counter, int(routing.send_bounds[c]),
-                                          rows, exponent, self.wire_dtype, in_range)
-            if c == 0:
-                send = np.concatenate([exponent_word(needed, self.wire_dtype), send.ravel()])
         counts = None
         if comm.is_server:
+            send = np.zeros(0, dtype=self.wire_dtype)
             counts = np.concatenate([[0], np.diff(routing.sender_bounds[:, c:c + 2])[:, 0]]) * width
             counts[1:] += 1 if c == 0 else 0
+        else:
+            # chunk 0's message starts with the exponent word: encode and mask right behind it
+            head = 1 if c == 0 else 0
+            send = np.empty(head + rows.size, dtype=self.wire_dtype)
+            if c == 0:
+                send[:1] = exponent_word(needed, self.wire_dtype)
+            # one chunk: ``needed`` is these very terms' exponent, so it proves their range
+            self.masking.mask_rows(routing.masks, counter, int(routing.send_bounds[c]), rows,
+                                   exponent, self.wire_dtype, in_range, out=send[head:],
+                                   largest=needed if routing.num_chunks == 1 else None)
         flat = comm.gatherv(send, counts)
         if flat is None:
             return None, None
@@ -396,7 +401,7 @@ class CrossClientExchange:
         if c == 0:
             word_at = (np.cumsum(counts) - counts)[1:]  # each client's first word
             largest = int(np.max(word_exponent(flat[word_at]), initial=EMPTY_EXPONENT))
-            flat = np.delete(flat, word_at)
+            flat = _without_heads(flat, word_at, counts[1:] - 1)
         return routing.sum_matrices[c].matmul(flat.reshape(-1, width)), largest
 
     def _masked_scatter_chunk(self, routing: Routing, c: int, summed: np.ndarray | None,
@@ -413,8 +418,7 @@ class CrossClientExchange:
         if self.comm.is_server:
             send = summed.ravel()
             if c == 0:
-                send = np.insert(send, (np.cumsum(counts) - counts)[1:],
-                                 exponent_word(largest, self.wire_dtype)[0])
+                send = _with_heads(send, counts[1:], exponent_word(largest, self.wire_dtype)[0])
         if c == 0:
             counts[1:] += 1
         mine = int(per_owner[own]) if own >= 0 else 0
@@ -424,14 +428,37 @@ class CrossClientExchange:
             largest, received = int(word_exponent(received[:1])[0]), received[1:]
         if mine and (c > 0 or largest <= used):
             first = max(low, int(routing.owner_start[own])) - int(routing.owner_start[own])
+            # the scattered words are this rank's own buffer: unmasked in place
             decoded = self.masking.unmask_rows(routing.masks, counter, first,
                                                received.reshape(mine, width), exponent,
-                                               self.dtype)
+                                               self.dtype, overwrite=True)
             if add:
                 result[receive_rows[first:first + mine]] += decoded
             else:
                 result[receive_rows[first:first + mine]] = decoded
         return largest
+
+
+def _without_heads(flat: np.ndarray, heads: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``flat`` without the word at each of ``heads`` (each followed by lengths[k] words): one
+    slice copy per sender rather than a masked copy of every word."""
+    out = np.empty(flat.shape[0] - heads.shape[0], dtype=flat.dtype)
+    at = 0
+    for head, length in zip(heads.tolist(), lengths.tolist()):
+        out[at:at + length] = flat[head + 1:head + 1 + length]
+        at += length
+    return out
+
+
+def _with_heads(flat: np.ndarray, lengths: np.ndarray, head: np.generic) -> np.ndarray:
+    """``flat`` cut into pieces of ``lengths`` words, each piece preceded by the word ``head``."""
+    out = np.empty(flat.shape[0] + lengths.shape[0], dtype=flat.dtype)
+    source = at = 0
+    for length in lengths.tolist():
+        out[at] = head
+        out[at + 1:at + 1 + length] = flat[source:source + length]
+        at, source = at + 1 + length, source + length
+    return out
 
 
 class _CrossClientSum(torch.autograd.Function):

@@ -138,39 +138,57 @@ def sum_error_bound(ring: np.dtype, num_clients: int, max_abs: float) -> float:
     return num_clients * 2.0 ** (-e - 1)
 
 
-def _times_power_of_two(values: np.ndarray, exponent: int) -> np.ndarray:
+def _times_power_of_two(values: np.ndarray, exponent: int,
+                        out: np.ndarray | None = None) -> np.ndarray:
     """values * 2^exponent in their own float type: exact (a power of two only shifts the
     exponent); a multiply where 2^exponent is a normal number of that type, else ldexp."""
     info = np.finfo(values.dtype)
     if info.minexp < exponent < info.maxexp:
-        return values * values.dtype.type(2.0 ** exponent)
-    return np.ldexp(values, exponent)
+        return np.multiply(values, values.dtype.type(2.0 ** exponent), out=out)
+    return np.ldexp(values, exponent, out=out)
 
 
-def encode(values: np.ndarray, exponent: int, ring: np.dtype, num_clients: int) -> np.ndarray:
+def encode(values: np.ndarray, exponent: int, ring: np.dtype, num_clients: int,
+           out: np.ndarray | None = None, largest: int | None = None) -> np.ndarray:
     """round(values * 2^exponent) in Z_2^k, after checking every term against the range. The
-    float type of the run is kept (k = its width): the scaled values fit it exactly."""
+    float type of the run is kept (k = its width): the scaled values fit it exactly.
+
+    ``out``: ring words of ``values``' size to write into (returned). ``largest``: the values'
+    ``largest_exponent`` when the caller already has it; if it proves the range, the check
+    needs no pass over the values (a failing proof still runs the exact check)."""
     values = np.asarray(values)
     float_type = np.float32 if ring == np.uint32 else np.float64
     values = values.astype(float_type, copy=False)
     limit = term_limit(ring, num_clients)
-    if values.size:
-        largest = float(max(values.max(), -values.min())) * 2.0 ** exponent
-        if not largest <= limit:  # also catches NaN
+    limit_bits = 8 * np.dtype(ring).itemsize - 2 - term_headroom(num_clients)
+    proven = (largest is not None and
+              (largest == EMPTY_EXPONENT or largest + exponent <= limit_bits))
+    if values.size and not proven:
+        largest_abs = float(max(values.max(), -values.min())) * 2.0 ** exponent
+        if not largest_abs <= limit:  # also catches NaN
             raise FixedPointOverflow(
-                f"--secure: a value of magnitude {largest * 2.0 ** -exponent:.6g} exceeds the "
+                f"--secure: a value of magnitude {largest_abs * 2.0 ** -exponent:.6g} exceeds the "
                 f"fixed-point range {limit * 2.0 ** -exponent:.6g} agreed for this sum "
                 f"(ring Z_2^{8 * ring.itemsize}, scale 2^{exponent}); expected finite values "
                 "within it (the model diverged, or a rank reported a wrong maximum)")
+    if out is None:
+        out = np.empty(values.shape, dtype=ring)
     scaled = _times_power_of_two(values, exponent)
-    np.rint(scaled, out=scaled)
-    return scaled.astype(SIGNED[ring]).view(ring)
+    # round and convert in one pass: the rounded values are exact integers within the ring
+    np.rint(scaled, out=out.view(SIGNED[ring]).reshape(values.shape), casting="unsafe")
+    return out
 
 
-def decode(ring_values: np.ndarray, exponent: int, dtype: np.dtype) -> np.ndarray:
+def decode(ring_values: np.ndarray, exponent: int, dtype: np.dtype,
+           out: np.ndarray | None = None) -> np.ndarray:
     """Signed value of each ring element times 2^-exponent, in ``dtype`` (one rounding)."""
-    signed = ring_values.view(SIGNED[ring_values.dtype]).astype(dtype)
-    return _times_power_of_two(signed, -exponent)
+    signed = ring_values.view(SIGNED[ring_values.dtype])
+    dtype = np.dtype(dtype)
+    info = np.finfo(dtype)
+    if info.minexp < -exponent < info.maxexp:
+        # the loop converts each word to dtype (the one rounding), then the exact scaling
+        return np.multiply(signed, dtype.type(2.0 ** -exponent), out=out, dtype=dtype)
+    return np.ldexp(signed.astype(dtype), -exponent, out=out)
 
 
 # -- keys and keystreams ----------------------------------------------------------------------
@@ -229,6 +247,7 @@ class SecureSession:
         # exponent of its last use, the same on every rank; the next use's lagged range
         self.agreed_exponents: dict[Hashable, int | tuple[int, ...]] = {}
         self.redos = 0  # masked operations run again because a term outgrew its lagged range
+        self._scratch = np.empty(0, dtype=np.uint8)  # keystream bytes, reused across calls
 
     def __repr__(self) -> str:  # keys must never reach a log line
         return (f"SecureSession(client {self.client_id} of {self.num_clients}, "
@@ -273,21 +292,29 @@ class SecureSession:
         return [*self._exchange_to.values(), *self._exchange_from.values(), *self._pair.values()]
 
     def _keystream(self, key: bytes, key_label: tuple, role: str, counter: int,
-                   word_offset: int, count: int, ring: np.dtype) -> np.ndarray:
-        """Ring words [word_offset, word_offset + count) of the stream of (key, counter)."""
+                   word_offset: int, count: int, ring: np.dtype,
+                   reuse_buffer: bool = False) -> np.ndarray:
+        """Ring words [word_offset, word_offset + count) of the stream of (key, counter).
+        ``reuse_buffer``: the words live in this session's scratch buffer, valid until the next
+        such call (the masking loops add them at once; no fresh pages per stream)."""
         itemsize = ring.itemsize
         start = word_offset * itemsize
         first_block, skip = divmod(start, BLOCK_BYTES)
         total = skip + count * itemsize
-        if self.nonce_log is not None:
-            self.nonce_log.append(NonceRecord(key_label, role, counter, first_block,
-                                              first_block + -(-total // BLOCK_BYTES)))
         end_block = first_block + -(-total // BLOCK_BYTES)
+        if self.nonce_log is not None:
+            self.nonce_log.append(NonceRecord(key_label, role, counter, first_block, end_block))
         assert end_block <= MAX_BLOCKS, "one keystream of 256 GB: chunk the exchange"
         # cryptography's ChaCha20 nonce: block counter (32 bits, little-endian) + 96-bit nonce
         nonce = struct.pack("<IQI", first_block, counter, 0)
         encryptor = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor()
-        stream = np.empty(total + BLOCK_BYTES, dtype=np.uint8)
+        if reuse_buffer:
+            if self._scratch.shape[0] < total + BLOCK_BYTES:
+                self._scratch = np.empty(max(total + BLOCK_BYTES, 2 * self._scratch.shape[0]),
+                                         dtype=np.uint8)
+            stream = self._scratch[:total + BLOCK_BYTES]
+        else:
+            stream = np.empty(total + BLOCK_BYTES, dtype=np.uint8)
         encryptor.update_into(_zeros(total), stream)  # ChaCha20 of zeros: the keystream itself
         return stream[skip:skip + count * itemsize].view(ring)
 
@@ -337,12 +364,19 @@ class SecureSession:
         return overflowed
 
     def mask_rows(self, masks: ExchangeMasks, counter: int, send_low: int, rows: np.ndarray,
-                  exponent: int, ring: np.dtype, in_range: bool = True) -> np.ndarray:
+                  exponent: int, ring: np.dtype, in_range: bool = True,
+                  out: np.ndarray | None = None, largest: int | None = None) -> np.ndarray:
         """This sender's terms [r, d] for its touched rows [send_low, send_low + r), encoded and
-        masked per owner -> ring [r, d]. ``in_range`` False: the terms exceed this attempt's
-        range (it will be redone), so masked zeros stand in for them."""
-        encoded = (encode(rows, exponent, ring, self.num_clients) if in_range
-                   else np.zeros(rows.shape, dtype=ring))
+        masked per owner -> ring [r, d] (written into ``out``, r * d words, when given).
+        ``in_range`` False: the terms exceed this attempt's range (it will be redone), so masked
+        zeros stand in for them. ``largest``: the terms' largest_exponent, if known (encode)."""
+        if out is None:
+            out = np.empty(rows.size, dtype=ring)
+        encoded = out.reshape(rows.shape)
+        if in_range:
+            encode(rows, exponent, ring, self.num_clients, out=encoded, largest=largest)
+        else:
+            encoded.fill(0)
         if not rows.size:
             return encoded
         width, send_high = rows.shape[1], send_low + rows.shape[0]
@@ -353,15 +387,18 @@ class SecureSession:
                 continue
             stream = self._keystream(key, ("exchange", self.client_id, j), "mask", counter,
                                      (low - int(masks.owner_first[j])) * width,
-                                     (high - low) * width, ring)
-            encoded[low - send_low:high - send_low] += stream.reshape(-1, width)
+                                     (high - low) * width, ring, reuse_buffer=True)
+            target = encoded[low - send_low:high - send_low]
+            np.add(target, stream.reshape(-1, width), out=target)
         return encoded
 
     def unmask_rows(self, masks: ExchangeMasks, counter: int, first: int, received: np.ndarray,
-                    exponent: int, dtype: np.dtype) -> np.ndarray:
+                    exponent: int, dtype: np.dtype, overwrite: bool = False) -> np.ndarray:
         """The ring sums [r, d] of this owner's receive rows [first, first + r), the senders'
-        keystreams removed, decoded -> float [r, d]."""
-        received = received.copy()
+        keystreams removed, decoded -> float [r, d]. ``overwrite``: ``received`` is the
+        caller's to spend (unmasked in place rather than copied)."""
+        if not overwrite:
+            received = received.copy()
         width = received.shape[1]
         for i, key in self._exchange_from.items():
             rows = masks.rows_from[i]
@@ -371,22 +408,28 @@ class SecureSession:
             if high <= low:
                 continue
             stream = self._keystream(key, ("exchange", i, self.client_id), "unmask", counter,
-                                     int(low) * width, int(high - low) * width, received.dtype)
-            received[rows[low:high] - first] -= stream.reshape(-1, width)
+                                     int(low) * width, int(high - low) * width, received.dtype,
+                                     reuse_buffer=True).reshape(-1, width)
+            positions = rows[low:high] - first
+            if positions[-1] - positions[0] + 1 == positions.shape[0]:  # consecutive rows
+                target = received[positions[0]:positions[-1] + 1]
+                np.subtract(target, stream, out=target)
+            else:
+                received[positions] -= stream
         return decode(received, exponent, dtype)
 
     # -- sums over clients (weight gradients and loss, counts) ----------------------------------
     def _zero_sum_mask(self, encoded: np.ndarray, counter: int) -> np.ndarray:
-        """Add this client's share of the pairwise masks that cancel in the total."""
+        """Add this client's share of the pairwise masks that cancel in the total (in place)."""
         for j, key in self._pair.items():
             low, high = sorted((self.client_id, j))
             role = "add" if self.client_id < j else "subtract"
             stream = self._keystream(key, ("zero-sum", low, high), role, counter, 0,
-                                     encoded.shape[0], encoded.dtype)
+                                     encoded.shape[0], encoded.dtype, reuse_buffer=True)
             if self.client_id < j:
-                encoded += stream
+                np.add(encoded, stream, out=encoded)
             else:
-                encoded -= stream
+                np.subtract(encoded, stream, out=encoded)
         return encoded
 
     def sum_to_all(self, comm: Communicator, values: np.ndarray,
@@ -412,17 +455,24 @@ class SecureSession:
             used = np.asarray([lagged_range(b) for b in self.agreed_exponents[slot]], np.int64)
         else:
             used = comm.max_to_all(needed)  # the slot's first use: once per run
+        size = values.shape[0]
+        # one buffer: the masked words, then the histogram tail (what travels, in one piece)
+        message = np.empty(size + len(pieces) * HISTOGRAM_WORDS, dtype=ring)
         while True:
             scales = [scale_exponent(ring, m, int(u)) for u in used]
-            encoded = np.concatenate([encode(p, e, ring, m) if n <= u else np.zeros(p.shape, ring)
-                                      for p, e, n, u in zip(pieces, scales, needed, used)])
-            tail = np.zeros((len(pieces), HISTOGRAM_WORDS), dtype=ring)
+            for a, b, p, e, n, u in zip(bounds[:-1], bounds[1:], pieces, scales, needed, used):
+                if n <= u:
+                    encode(p, e, ring, m, out=message[a:b], largest=int(n))
+                else:
+                    message[a:b] = 0
+            tail = message[size:].reshape(len(pieces), HISTOGRAM_WORDS)
+            tail.fill(0)
             for k, (n, u) in enumerate(zip(needed, used)):
                 if n != EMPTY_EXPONENT:
                     tail[k, int(np.clip(n - u + HISTOGRAM_AT_RANGE, 0, HISTOGRAM_WORDS - 1))] = 1
-            masked = self._zero_sum_mask(encoded, self.next_counter())
-            total = comm.sum_to_all(np.concatenate([masked, tail.ravel()]))
-            histogram = total[values.shape[0]:].reshape(len(pieces), HISTOGRAM_WORDS)
+            self._zero_sum_mask(message[:size], self.next_counter())
+            total = comm.sum_to_all(message)
+            histogram = total[size:].reshape(len(pieces), HISTOGRAM_WORDS)
             if histogram[:, -1].any():  # an exponent beyond the window: ask for it exactly
                 largest = comm.max_to_all(needed)
             else:
@@ -431,8 +481,10 @@ class SecureSession:
                                       for row, u in zip(histogram, used)], dtype=np.int64)
             self.agreed_exponents[slot] = tuple(int(b) for b in largest)
             if np.all(largest <= used):
-                return np.concatenate([decode(total[a:b], e, values.dtype)
-                                       for a, b, e in zip(bounds[:-1], bounds[1:], scales)])
+                result = np.empty(size, dtype=values.dtype)
+                for a, b, e in zip(bounds[:-1], bounds[1:], scales):
+                    decode(total[a:b], e, values.dtype, out=result[a:b])
+                return result
             self.redos += 1
             log.debug("--secure: a masked sum needed 2^%s beyond its lagged range 2^%s: redone "
                       "(redo %d)", largest.tolist(), used.tolist(), self.redos)

@@ -544,3 +544,160 @@ def test_thread_comm_is_a_communicator():
     """The stand-in implements the one Protocol, so the code under test takes it as it is."""
     world = ThreadWorld(2)
     assert isinstance(ThreadComm(world, 1), Communicator)
+
+
+# -- bit for bit: the masked paths against a straightforward reference ---------------------------
+# The reference keeps the first implementation's arithmetic (a separate range scan, scale, round,
+# convert; one fresh keystream per call, added with +=): for fixed keys, the words every client
+# sends and every decoded output must be the same bits whatever the optimised code does.
+def reference_encode(values: np.ndarray, exponent: int, ring: np.dtype) -> np.ndarray:
+    float_type = np.float32 if ring == np.uint32 else np.float64
+    scaled = np.ldexp(np.asarray(values, dtype=float_type), exponent)
+    return np.rint(scaled).astype(secure.SIGNED[ring]).view(ring)
+
+
+def reference_decode(words: np.ndarray, exponent: int, dtype) -> np.ndarray:
+    return np.ldexp(words.view(secure.SIGNED[words.dtype]).astype(dtype), -exponent)
+
+
+def reference_keystream(key: bytes, counter: int, count: int, ring: np.dtype) -> np.ndarray:
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+    import struct
+    nonce = struct.pack("<IQI", 0, counter, 0)  # word 0 of the stream: block 0
+    encryptor = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor()
+    return np.frombuffer(encryptor.update(bytes(count * ring.itemsize)), dtype=ring)
+
+
+def fixed_key(label: str) -> bytes:
+    import hashlib
+    return hashlib.sha256(f"test key {label}".encode()).digest()
+
+
+def fixed_session(comm) -> secure.SecureSession:
+    """SecureSession.agree's keys, but fixed (the same in the run and in the reference)."""
+    me, m = comm.rank - 1, comm.size - 1
+    others = [] if comm.is_server else [j for j in range(m) if j != me]
+    return secure.SecureSession(
+        me, m, {j: fixed_key(f"{me}->{j}") for j in others},
+        {j: fixed_key(f"{j}->{me}") for j in others},
+        {j: fixed_key(f"{min(me, j)}-{max(me, j)}") for j in others})
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("buffer_mb", [256.0, 1e-6])
+def test_masked_exchange_is_bit_identical_to_the_reference(toy_graph, tmp_path, monkeypatch,
+                                                           dtype, buffer_mb):
+    """Fixed keys, one masked exchange: each client's words on the wire are its exponent word
+    then reference_encode(terms) + the owners' keystreams, and each owner's rows are
+    reference_decode of the ring sum of every sender's encoded terms, bit for bit."""
+    num_clients = 4
+    shard_dir = shards_for(toy_graph, tmp_path, num_clients, seed=2)
+    manifest = read_manifest(shard_dir)
+    monkeypatch.setattr(secure.SecureSession, "agree", classmethod(
+        lambda cls, comm: fixed_session(comm)))
+    ring = secure.ring_of(np.dtype(dtype))
+
+    def body(comm):
+        exchange, plan, rows, session = exchange_on_plan(comm, shard_dir, manifest, True,
+                                                         buffer_mb, dtype)
+        y = np.random.default_rng(comm.rank).normal(scale=30.0, size=(rows, 5)).astype(dtype)
+        exchange.start_pass("train")
+        output = exchange(plan, torch.from_numpy(y)).numpy().copy()
+        terms = plan.send_rows.matmul(y) if plan.send_rows is not None else None
+        return output, terms, plan, session.agreed_exponents[("train", 0)], session.counter
+
+    world = ThreadWorld(num_clients + 1)
+    results = world.run(body)
+    agreed, counter = results[1][3], results[1][4]
+    assert counter == 1  # no redo: the reference below is the one attempt
+    exponent = secure.scale_exponent(ring, num_clients, agreed)
+    total_rows = int(results[1][2].segment_rows.sum())
+    ring_sum = np.zeros((total_rows, 5), dtype=ring)
+    for rank in range(1, num_clients + 1):
+        _, terms, plan, _, _ = results[rank]
+        me = rank - 1
+        encoded = reference_encode(terms, exponent, ring)
+        ring_sum[plan.touched] += encoded
+        sent = np.concatenate([v.ravel() for kind, r, v in world.server_received
+                               if kind == "gatherv" and r == rank and v.dtype == ring])
+        expected = encoded.copy()
+        owner_first = plan.routing.masks.owner_first
+        for j in range(num_clients):
+            low, high = int(owner_first[j]), int(owner_first[j + 1])
+            if j != me and high > low:
+                expected[low:high] += reference_keystream(
+                    fixed_key(f"{me}->{j}"), counter, (high - low) * 5, ring).reshape(-1, 5)
+        np.testing.assert_array_equal(sent[1:], expected.ravel())
+    starts = np.concatenate([[0], np.cumsum(results[1][2].segment_rows)])
+    touched_any = np.zeros(total_rows, dtype=bool)
+    for rank in range(1, num_clients + 1):
+        touched_any[results[rank][2].touched] = True
+    for rank in range(1, num_clients + 1):
+        output, _, plan, _, _ = results[rank]
+        me = rank - 1
+        union = np.flatnonzero(touched_any[starts[me]:starts[me + 1]]) + starts[me]
+        expected = np.zeros_like(output)
+        expected[plan.receive_rows] = reference_decode(ring_sum[union], exponent, dtype)
+        assert output.dtype == expected.dtype
+        np.testing.assert_array_equal(output.view(ring), expected.view(ring))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_masked_sum_is_bit_identical_to_the_reference(dtype):
+    """Fixed keys, a two-segment float sum and an int64 count sum: each client's words are
+    reference_encode + its zero-sum keystreams (+ the histogram tail), the total decodes to
+    reference_decode of the ring sum of the encoded values, bit for bit."""
+    num_clients = 3
+    ring = secure.ring_of(np.dtype(dtype))
+    segments = [50, 7]
+
+    def values_of(rank: int) -> np.ndarray:
+        rng = np.random.default_rng(10 + rank)
+        return np.concatenate([rng.normal(scale=3.0, size=50),
+                               rng.normal(scale=1e-3, size=7)]).astype(dtype)
+
+    def counts_of(rank: int) -> np.ndarray:
+        return np.arange(6, dtype=np.int64) * rank
+
+    def body(comm):
+        session = fixed_session(comm)
+        values = values_of(comm.rank) if comm.is_client else np.zeros(57, dtype)
+        counts = counts_of(comm.rank) if comm.is_client else np.zeros(6, np.int64)
+        return session.sum_to_all(comm, values, segments), session.sum_to_all(comm, counts)
+
+    world = ThreadWorld(num_clients + 1)
+    results = world.run(body)
+    sums = [v for kind, _, v in world.server_received if kind == "sum"]
+    float_words, count_words = sums[:num_clients], sums[num_clients:]
+    pieces = (slice(0, 50), slice(50, 57))
+    used = [max(secure.largest_exponent(values_of(r)[p]) for r in range(1, num_clients + 1))
+            for p in pieces]
+    scales = [secure.scale_exponent(ring, num_clients, u) for u in used]
+    encoded_total = np.zeros(57, dtype=ring)
+    for rank in range(1, num_clients + 1):
+        me = rank - 1
+        encoded = np.concatenate([reference_encode(values_of(rank)[p], e, ring)
+                                  for p, e in zip(pieces, scales)])
+        encoded_total += encoded
+        masked, counted = encoded.copy(), counts_of(rank).view(np.uint64).copy()
+        for j in range(num_clients):
+            if j == me:
+                continue
+            key = fixed_key(f"{min(me, j)}-{max(me, j)}")
+            stream = reference_keystream(key, 1, 57, ring)
+            count_stream = reference_keystream(key, 2, 6, np.dtype(np.uint64))
+            if me < j:
+                masked += stream
+                counted += count_stream
+            else:
+                masked -= stream
+                counted -= count_stream
+        np.testing.assert_array_equal(float_words[me][:57], masked)
+        np.testing.assert_array_equal(count_words[me], counted)
+    expected = np.concatenate([reference_decode(encoded_total[p], e, dtype)
+                               for p, e in zip(pieces, scales)])
+    expected_counts = sum(counts_of(r) for r in range(1, num_clients + 1))
+    for float_sum, count_sum in results:
+        assert float_sum.dtype == expected.dtype
+        np.testing.assert_array_equal(float_sum.view(ring), expected.view(ring))
+        np.testing.assert_array_equal(count_sum, expected_counts)
