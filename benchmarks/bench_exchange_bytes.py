@@ -39,6 +39,7 @@ sys.path.insert(0, str(REPO))
 from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option  # noqa: E402
 from fgl_common.launch import mpirun_path  # noqa: E402
 from study.runner import subprocess_env  # noqa: E402
+from study.rundir import read_metrics  # noqa: E402
 
 DATASET = "amazon-computers"
 HIDDEN, LAYERS, ITEMSIZE, STEPS = 128, 2, 4, 4
@@ -77,7 +78,7 @@ def run(shards: Path, out: Path, clients: int, mode: str) -> dict:
                           timeout=3600)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
-    first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    first = read_metrics(out)[0]
     assert first["epoch"] == 1
     return first
 

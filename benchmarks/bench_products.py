@@ -55,6 +55,7 @@ sys.path.insert(0, str(REPO))
 
 from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option  # noqa: E402
 from fgl_common.launch import mpirun_path  # noqa: E402
+from study import rundir  # noqa: E402
 from study.runner import subprocess_env  # noqa: E402
 
 PRODUCTS_NODES = 2_449_029
@@ -201,9 +202,7 @@ def _wait(process: subprocess.Popen, timeout: float) -> tuple[int, object]:
 
 def read_metrics(outcome: Outcome, out: Path) -> None:
     """Fill ``outcome`` from the run's metrics.jsonl and final.json (whatever exists)."""
-    metrics = out / "metrics.jsonl"
-    records = ([json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-               if metrics.exists() else [])
+    records = rundir.read_metrics(out)
     if not records:
         return
     for record in records:

@@ -47,6 +47,7 @@ sys.path.insert(0, str(REPO))
 from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option  # noqa: E402
 from fgl_common.launch import mpirun_path  # noqa: E402
 from study.runner import prepare_shards_subprocess, subprocess_env  # noqa: E402
+from study.rundir import read_metrics  # noqa: E402
 
 CLIENTS = 8
 METHODS = ("ours", "ours-1step", "ours-star", "ours-full", "centralized", "centralized-all-cores")
@@ -83,7 +84,7 @@ def run(method: str, shards: Path, out: Path, epochs: int, flags: list[str]) -> 
 
 
 def steady(out: Path) -> list[dict]:
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(out)
     return records[1:-1] if len(records) > 2 else records  # drop warm-up and evaluated epoch
 
 

@@ -25,7 +25,6 @@ class PrepResult:
     out: Path
     seconds: float
     peak_rss_mb: float
-    reused: bool = False  # prepare_shards found matching shards and wrote nothing
 
 
 def request_record(config: PrepConfig) -> dict[str, Any]:

@@ -33,7 +33,6 @@ import scipy.sparse as sp
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 NODE_FIELDS = ("global_id", "x", "y", "train_mask", "val_mask", "test_mask", "degree")
-FILE_ATTRS = ("format_version", "dataset", "num_clients", "client_id", "partition", "seed")
 
 
 class ShardError(ValueError):

@@ -26,7 +26,7 @@ for _name, _value in RUNTIME_TUNING.items():
 
 from mpi4py import MPI  # noqa: E402
 
-from mpifgl.communicator import SERVER_RANK, client_of_rank  # noqa: E402
+from mpifgl.communicator import SERVER_RANK, TrafficCounters, client_of_rank  # noqa: E402
 
 ABORT_PAUSE_SECONDS = 0.2
 
@@ -52,7 +52,7 @@ def _displacements(counts: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
 
 
-class MPICommunicator:
+class MPICommunicator(TrafficCounters):
     """``mpifgl.communicator.Communicator`` over one MPI communicator, counted.
 
     The hot-loop collectives are started non-blocking and waited on at once: same result, but
@@ -69,17 +69,10 @@ class MPICommunicator:
         self.num_clients = self.size - 1
         self.is_server = self.rank == SERVER_RANK
         self.is_client = not self.is_server
+        self._counting_exchange = False
         self.reset_counters()
 
     # -- accounting ------------------------------------------------------------------------
-    def reset_counters(self) -> None:
-        self.seconds = 0.0
-        self.bytes_sent = 0
-        self.bytes_received = 0
-        self.exchange_bytes_sent = 0  # the cross-client terms and their row ids alone
-        self.exchange_bytes_received = 0
-        self._counting_exchange = False
-
     def _timed(self, start_collective, *args) -> None:
         """Run one non-blocking collective to completion, counting its wall time."""
         start = time.perf_counter()

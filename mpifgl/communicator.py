@@ -127,7 +127,17 @@ class Communicator(Protocol):
         ...
 
 
-class LocalComm:
+class TrafficCounters:
+    """The counters every communicator keeps (``Communicator``'s accounting attributes): seconds
+    in collectives, payload bytes, and the cross-client exchange's share of them."""
+
+    def reset_counters(self) -> None:
+        self.seconds = 0.0
+        self.bytes_sent = self.bytes_received = 0
+        self.exchange_bytes_sent = self.exchange_bytes_received = 0  # terms and their row ids
+
+
+class LocalComm(TrafficCounters):
     """The world of one process holding the whole graph: the server and client 0 at once.
 
     Every collective of ``Communicator`` with one rank: sums and gathers of one contribution,
@@ -139,11 +149,6 @@ class LocalComm:
 
     def __init__(self) -> None:
         self.reset_counters()
-
-    def reset_counters(self) -> None:
-        self.seconds = 0.0
-        self.bytes_sent = self.bytes_received = 0
-        self.exchange_bytes_sent = self.exchange_bytes_received = 0
 
     @contextmanager
     def counting_exchange(self) -> Iterator[None]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -216,7 +215,3 @@ def resumed_config(saved: dict[str, Any], given: TrainConfig, explicit: set[str]
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
     return dataclass_from_namespace(TrainConfig, build_parser().parse_args(argv))
-
-
-def config_json(config: TrainConfig, **resolved: Any) -> str:
-    return json.dumps({**config.to_dict(), **resolved}, indent=2, sort_keys=True)

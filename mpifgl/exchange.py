@@ -77,6 +77,20 @@ class Routing:
     def num_chunks(self) -> int:
         return int(self.row_bounds.shape[0]) - 1
 
+    def gathered_rows(self, c: int) -> np.ndarray:
+        """Per rank, how many rows it sends in chunk c's Gatherv (0 for the server); server only."""
+        return np.concatenate([[0], np.diff(self.sender_bounds[:, c:c + 2])[:, 0]])
+
+    def owned_rows(self, c: int) -> np.ndarray:
+        """Per owner, how many of its sum rows chunk c holds."""
+        low, high = int(self.row_bounds[c]), int(self.row_bounds[c + 1])
+        return np.clip(self.owner_start[1:], low, high) - np.clip(self.owner_start[:-1], low, high)
+
+    def first_owned_row(self, c: int, owner: int) -> int:
+        """Index, among ``owner``'s sum rows, of its first row in chunk c."""
+        start = int(self.owner_start[owner])
+        return max(int(self.row_bounds[c]), start) - start
+
 
 def chunk_bounds(cost: np.ndarray, budget: int) -> np.ndarray:
     """Cut rows 0..len(cost) into consecutive chunks whose costs add up to at most ``budget``
@@ -88,11 +102,6 @@ def chunk_bounds(cost: np.ndarray, budget: int) -> np.ndarray:
         end = int(np.searchsorted(cumulative, cumulative[start] + budget, side="right")) - 1
         bounds.append(max(end, start + 1))
     return np.asarray(bounds, dtype=np.int64)
-
-
-def _rows_in(bounds_low: int, bounds_high: int, start: np.ndarray, stop: np.ndarray) -> np.ndarray:
-    """Per owner, how many of its sum rows [start, stop) lie in [bounds_low, bounds_high)."""
-    return np.clip(stop, bounds_low, bounds_high) - np.clip(start, bounds_low, bounds_high)
 
 
 class CrossClientExchange:
@@ -250,8 +259,6 @@ class CrossClientExchange:
     def __call__(self, plan: CrossExchangePlan, y: torch.Tensor) -> torch.Tensor:
         """y [|S_i|, d] (the server: [0, d]) -> sum over other clients of their terms for this
         client's rows [|S_i|, d] (the server: [0, d])."""
-        routing = plan.routing
-        assert routing is not None, "prepare(plan) must run before the plan's first exchange"
         result = np.zeros(tuple(y.shape), dtype=self.dtype)
         self._exchange(plan, y, result, add=False)
         return torch.from_numpy(result)
@@ -296,8 +303,8 @@ class CrossClientExchange:
         if self.mode == "compact":
             counts = None
             if comm.is_server:
-                counts = np.concatenate([[0], np.diff(routing.sender_bounds[:, c:c + 2])[:, 0]])
-            flat = comm.gatherv(rows, None if counts is None else counts * width)
+                counts = routing.gathered_rows(c) * width
+            flat = comm.gatherv(rows, counts)
             if flat is None:
                 return None
             return routing.sum_matrices[c].matmul(flat.reshape(-1, width))
@@ -316,21 +323,16 @@ class CrossClientExchange:
                        width: int, add: bool) -> None:
         """Send each owner its rows of chunk c; this client writes (or adds) its rows into
         ``result``."""
-        low, high = int(routing.row_bounds[c]), int(routing.row_bounds[c + 1])
-        per_owner = _rows_in(low, high, routing.owner_start[:-1], routing.owner_start[1:])
+        per_owner = routing.owned_rows(c)
         counts = np.concatenate([[0], per_owner]) * width
         mine = int(per_owner[own]) if own >= 0 else 0
         received = self.comm.scatterv(summed, counts if self.comm.is_server else None,
                                       mine * width, self.dtype)
         if mine:
-            first = max(low, int(routing.owner_start[own])) - int(routing.owner_start[own])
+            first = routing.first_owned_row(c, own)
             rows = (slice(first, first + mine) if receive_rows is None
                     else receive_rows[first:first + mine])
-            if add:
-                result[rows] += received.reshape(mine, width)
-            else:
-                result[rows] = received.reshape(mine, width)
-
+            _store(result, rows, received.reshape(mine, width), add)
 
     # -- --secure: masked ring words, lagged exponents -----------------------------------------
     def start_pass(self, purpose: str) -> None:
@@ -382,7 +384,7 @@ class CrossClientExchange:
         counts = None
         if comm.is_server:
             send = np.zeros(0, dtype=self.wire_dtype)
-            counts = np.concatenate([[0], np.diff(routing.sender_bounds[:, c:c + 2])[:, 0]]) * width
+            counts = routing.gathered_rows(c) * width
             counts[1:] += 1 if c == 0 else 0
         else:
             # chunk 0's message starts with the exponent word: encode and mask right behind it
@@ -411,8 +413,7 @@ class CrossClientExchange:
         """Send each owner its masked sums of chunk c (chunk 0: after the largest exponent);
         this client unmasks and writes (or adds) them unless that exponent exceeds ``used``.
         Returns the largest exponent for chunk 0 on every rank."""
-        low, high = int(routing.row_bounds[c]), int(routing.row_bounds[c + 1])
-        per_owner = _rows_in(low, high, routing.owner_start[:-1], routing.owner_start[1:])
+        per_owner = routing.owned_rows(c)
         counts = np.concatenate([[0], per_owner]) * width
         send = None
         if self.comm.is_server:
@@ -427,16 +428,21 @@ class CrossClientExchange:
         if c == 0 and not self.comm.is_server:
             largest, received = int(word_exponent(received[:1])[0]), received[1:]
         if mine and (c > 0 or largest <= used):
-            first = max(low, int(routing.owner_start[own])) - int(routing.owner_start[own])
+            first = routing.first_owned_row(c, own)
             # the scattered words are this rank's own buffer: unmasked in place
             decoded = self.masking.unmask_rows(routing.masks, counter, first,
                                                received.reshape(mine, width), exponent,
                                                self.dtype, overwrite=True)
-            if add:
-                result[receive_rows[first:first + mine]] += decoded
-            else:
-                result[receive_rows[first:first + mine]] = decoded
+            _store(result, receive_rows[first:first + mine], decoded, add)
         return largest
+
+
+def _store(result: np.ndarray, rows, block: np.ndarray, add: bool) -> None:
+    """result[rows] = block, or += block for the in-place evaluation forward."""
+    if add:
+        result[rows] += block
+    else:
+        result[rows] = block
 
 
 def _without_heads(flat: np.ndarray, heads: np.ndarray, lengths: np.ndarray) -> np.ndarray:

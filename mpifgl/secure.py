@@ -88,7 +88,7 @@ def ceil_exponent(max_abs: float) -> int:
                                  "number (the model diverged; lower --lr)")
     if max_abs == 0.0:
         return EMPTY_EXPONENT
-    mantissa, exponent = math.frexp(max_abs)  # max_abs = mantissa * 2^exponent, 0.5 <= mantissa < 1
+    _, exponent = math.frexp(max_abs)  # max_abs = mantissa * 2^exponent, 0.5 <= mantissa < 1
     return exponent
 
 

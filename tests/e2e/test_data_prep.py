@@ -11,11 +11,9 @@ import pytest
 from data_prep.config import PrepConfig
 from data_prep.datasets import load_dataset
 from data_prep.verify import verify_shard_dir
-from fgl_common import shard_format
 from tests.helpers import SHARED_DATA, require_shared_data
-from tests.helpers.data_prep_fixtures import (SMALL_SYN, assert_same_graph, check_blocks_transposed,
-                                              check_local_order, copy_raw, edge_set, load_all,
-                                              run_cli)
+from tests.helpers.data_prep_fixtures import (SMALL_SYN, check_shards_hold_the_dataset, copy_raw,
+                                              edge_set, load_all, run_cli)
 from tests.helpers.mpi import REPO, mpi_env
 
 
@@ -87,11 +85,7 @@ def test_real_dataset_round_trip(tmp_path, isolated_cache, capsys, dataset, rela
     assert abs(manifest["cross_edge_fraction"] - (1 - 1 / 8)) < 0.02
     config = PrepConfig(dataset=dataset, num_clients=8, out=out, data_root=data_root,
                         show_progress=False)
-    graph = load_dataset(config)
-    nodes, adjacency = shard_format.assemble_global_graph(shards)
-    assert_same_graph(nodes, adjacency, graph)
-    check_blocks_transposed(shards)
-    check_local_order(shards)
+    check_shards_hold_the_dataset(config, shards)
     if dataset == "cora":  # official Planetoid "full" split
         assert manifest["split_rule"] == "planetoid-full"
         assert (manifest["num_train"], manifest["num_val"], manifest["num_test"]) == \

@@ -79,3 +79,13 @@ def check_blocks_transposed(shards: list[shard_format.ClientShard]) -> None:
 def check_local_order(shards: list[shard_format.ClientShard]) -> None:
     for shard in shards:
         assert np.all(np.diff(shard.global_id) > 0)  # ascending global ids
+
+
+def check_shards_hold_the_dataset(config, shards: list[shard_format.ClientShard]) -> None:
+    """The shards put together are the dataset ``config`` loads (nodes, splits, edges), their
+    cross blocks are each other's transposes, and each holds its nodes in global order."""
+    from data_prep.datasets import load_dataset  # loads the dataset's libraries only when used
+    nodes, adjacency = shard_format.assemble_global_graph(shards)
+    assert_same_graph(nodes, adjacency, load_dataset(config))
+    check_blocks_transposed(shards)
+    check_local_order(shards)

@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from mpifgl.communicator import TrafficCounters
+
 BARRIER_SECONDS = 120.0
 
 
@@ -49,7 +51,7 @@ class ThreadWorld:
         return results
 
 
-class ThreadComm:
+class ThreadComm(TrafficCounters):
     """One rank's side; implements every member of mpifgl.communicator.Communicator."""
 
     def __init__(self, world: ThreadWorld, rank: int):
@@ -62,11 +64,6 @@ class ThreadComm:
         self.is_client = rank > 0
         self.is_single_process = False
         self.reset_counters()
-
-    def reset_counters(self) -> None:
-        self.seconds = 0.0
-        self.bytes_sent = self.bytes_received = 0
-        self.exchange_bytes_sent = self.exchange_bytes_received = 0
 
     @contextmanager
     def counting_exchange(self):

@@ -8,13 +8,12 @@ import numpy as np
 import pytest
 
 from data_prep.config import PartitionConfig, PrepConfig, SyntheticConfig
-from data_prep.datasets import load_dataset
 from fgl_common import shard_format
 
 from data_prep.api import prepare_shards
 from fgl_common.shard_format import default_shard_dir
-from tests.helpers.data_prep_fixtures import (SMALL_SYN, assert_same_graph, check_blocks_transposed,
-                                              check_local_order, load_all, run_cli)
+from tests.helpers.data_prep_fixtures import (SMALL_SYN, check_shards_hold_the_dataset, load_all,
+                                              run_cli)
 
 SYN_OPTIONS = dict(syn_nodes=300, syn_avg_degree=6, syn_classes=3, syn_features=4,
                    show_progress=False)
@@ -33,11 +32,7 @@ def test_synthetic_round_trip(tmp_path, isolated_cache, capsys, partition, num_c
                         partition=PartitionConfig(method=partition),
                         synthetic=SyntheticConfig(nodes=600, avg_degree=8, classes=4, features=5),
                         show_progress=False)
-    graph = load_dataset(config)
-    nodes, adjacency = shard_format.assemble_global_graph(shards)
-    assert_same_graph(nodes, adjacency, graph)
-    check_blocks_transposed(shards)
-    check_local_order(shards)
+    check_shards_hold_the_dataset(config, shards)
     for i, (entry, shard) in enumerate(zip(manifest["clients"], shards)):
         assert entry["client_id"] == i and entry["file"] == f"client_{i}.h5"
         assert shard.attrs["client_id"] == i and shard.attrs["partition"] == partition
