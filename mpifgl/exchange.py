@@ -137,7 +137,10 @@ class CrossClientExchange:
             else:
                 plan.routing = self._prepare_dense(plan)
         if self.masking is not None and not self.comm.is_server:
-            plan.routing.masks = self.masking.exchange_masks(plan)
+            routing, own = plan.routing, plan.own_segment
+            receive_chunks = [(routing.first_owned_row(c, own), int(routing.owned_rows(c)[own]))
+                              for c in range(routing.num_chunks)]
+            routing.masks = self.masking.exchange_masks(plan, receive_chunks, self.wire_dtype)
 
     def _prepare_dense(self, plan: CrossExchangePlan) -> Routing:
         total = int(plan.segment_rows.sum())
@@ -187,7 +190,7 @@ class CrossClientExchange:
             routing.sender_bounds = server_side[2]
             if self.mode == "compact":
                 routing.sum_matrices = self._sum_matrices(server_side[1], server_side[2],
-                                                          row_bounds)
+                                                          row_bounds, owner_start)
         return routing
 
     def _server_routing(self, pieces: list[list[np.ndarray]], plan: CrossExchangePlan,
@@ -218,11 +221,16 @@ class CrossClientExchange:
         return np.concatenate([position_bounds, row_bounds]), sender_rows, sender_bounds
 
     def _sum_matrices(self, sender_rows: list[np.ndarray], sender_bounds: np.ndarray,
-                      row_bounds: np.ndarray) -> list[CSRArrays]:
+                      row_bounds: np.ndarray, owner_start: np.ndarray) -> list[CSRArrays]:
         """Per chunk, the matrix that adds the gathered rows (client-major, as Gatherv lays them
         out) into the chunk's sum rows. Its CSR kernel adds each row's entries in client order
         starting from zero, like a loop of fancy-index additions but without their gather and
-        scatter passes; the stable sort keeps the client order within a row."""
+        scatter passes; the stable sort keeps the client order within a row.
+
+        --secure: chunk 0's messages carry a head row per client each way (the exponent word),
+        so its matrix skips each sender's head row and leaves an empty row before each owner's
+        rows (the server writes the head there): no copy of the words to take heads out or in."""
+        heads = self.masking is not None
         matrices = []
         total = max([int(np.diff(sender_bounds[:, c:c + 2]).sum())
                      for c in range(row_bounds.shape[0] - 1)], default=0)
@@ -231,11 +239,20 @@ class CrossClientExchange:
             low, rows = int(row_bounds[c]), int(row_bounds[c + 1] - row_bounds[c])
             target = np.concatenate([r[sender_bounds[j, c]:sender_bounds[j, c + 1]]
                                      for j, r in enumerate(sender_rows)]) - low
+            columns = int(target.shape[0])
+            if heads and c == 0:
+                sender = np.repeat(np.arange(len(sender_rows)),
+                                   np.diff(sender_bounds[:, c:c + 2])[:, 0])
+                owner = np.searchsorted(owner_start, target + low, side="right") - 1
+                target = target + owner + 1  # each owner's rows after its head row
+                rows, columns = rows + len(sender_rows), columns + len(sender_rows)
             order = np.argsort(target, kind="stable")
             indptr = np.zeros(rows + 1, dtype=np.int64)
             np.cumsum(np.bincount(target, minlength=rows), out=indptr[1:])
+            if heads and c == 0:
+                order = order + sender[order] + 1  # gathered rows after each sender's head row
             matrices.append(CSRArrays(indptr, order, ones[:order.shape[0]],
-                                      (rows, int(order.shape[0]))).compact_indices())
+                                      (rows, columns)).compact_indices())
         return matrices
 
     def _scatter_sum_rows(self, server_side, touched_counts: np.ndarray, plan: CrossExchangePlan,
@@ -343,10 +360,11 @@ class CrossClientExchange:
 
     def _masked_exchange(self, plan: CrossExchangePlan, values: np.ndarray, result: np.ndarray,
                          receive_rows: np.ndarray, add: bool) -> None:
-        """The compact exchange in the ring with the slot's lagged range. Chunk 0 carries one
-        word each way: each sender's needed exponent up, the largest of them down; every rank so
+        """The compact exchange in the ring with the slot's lagged range. Chunk 0 carries a head
+        row each way: each sender's needed exponent up, the largest of them down; every rank so
         learns the slot's next range and whether this attempt's range was exceeded, in which
-        case every rank runs the whole exchange again (new counter) before writing anything."""
+        case every rank runs the whole exchange again (the key streams reading on) before
+        writing anything."""
         masking, routing = self.masking, plan.routing
         slot = (self._pass, self._calls)
         self._calls += 1
@@ -360,13 +378,12 @@ class CrossClientExchange:
             needed = ceil_exponent(bound * (1 + 2.0 ** -10)) if bound else EMPTY_EXPONENT
         used = masking.exchange_range(self.comm, slot, needed)
         while True:
-            counter = masking.next_counter()
             exponent = scale_exponent(self.wire_dtype, masking.num_clients, used)
             for c in range(routing.num_chunks):
                 rows = first_rows if c == 0 else self._send_rows(plan, routing, c, values)
-                summed, largest = self._masked_sum_chunk(routing, c, rows, counter, exponent,
-                                                         needed, needed <= used)
-                largest = self._masked_scatter_chunk(routing, c, summed, largest, used, counter,
+                summed, largest = self._masked_sum_chunk(routing, c, rows, exponent, needed,
+                                                         needed <= used)
+                largest = self._masked_scatter_chunk(routing, c, summed, largest, used,
                                                      exponent, result, receive_rows,
                                                      plan.own_segment, values.shape[1], add)
                 if c == 0 and masking.settle(slot, largest, used):
@@ -375,65 +392,67 @@ class CrossClientExchange:
             else:
                 return
 
-    def _masked_sum_chunk(self, routing: Routing, c: int, rows: np.ndarray, counter: int,
-                          exponent: int, needed: int, in_range: bool
-                          ) -> tuple[np.ndarray | None, int | None]:
-        """Chunk c's masked ring sums [rows, d] at the server (None elsewhere) and, for chunk 0,
-        the largest exponent the senders report (at the server)."""
+    def _masked_sum_chunk(self, routing: Routing, c: int, rows: np.ndarray, exponent: int,
+                          needed: int, in_range: bool) -> tuple[np.ndarray | None, int | None]:
+        """Chunk c's masked ring sums at the server (None elsewhere; chunk 0 with an empty head
+        row before each owner's rows) and, for chunk 0, the largest exponent the senders report
+        (at the server) in the first word of their head rows."""
         comm, width = self.comm, rows.shape[1]
+        head = 1 if c == 0 else 0
         counts = None
         if comm.is_server:
             send = np.zeros(0, dtype=self.wire_dtype)
-            counts = routing.gathered_rows(c) * width
-            counts[1:] += 1 if c == 0 else 0
+            counts = (routing.gathered_rows(c) + head) * width
+            counts[0] = 0
         else:
-            # chunk 0's message starts with the exponent word: encode and mask right behind it
-            head = 1 if c == 0 else 0
-            send = np.empty(head + rows.size, dtype=self.wire_dtype)
-            if c == 0:
+            send = np.empty((head + rows.shape[0]) * width, dtype=self.wire_dtype)
+            if head:
+                send[:width] = 0
                 send[:1] = exponent_word(needed, self.wire_dtype)
             # one chunk: ``needed`` is these very terms' exponent, so it proves their range
-            self.masking.mask_rows(routing.masks, counter, int(routing.send_bounds[c]), rows,
-                                   exponent, self.wire_dtype, in_range, out=send[head:],
+            self.masking.mask_rows(routing.masks, int(routing.send_bounds[c]), rows, exponent,
+                                   self.wire_dtype, in_range, out=send[head * width:],
                                    largest=needed if routing.num_chunks == 1 else None)
         flat = comm.gatherv(send, counts)
         if flat is None:
             return None, None
+        gathered = flat.reshape(-1, width)
         largest = None
-        if c == 0:
-            word_at = (np.cumsum(counts) - counts)[1:]  # each client's first word
-            largest = int(np.max(word_exponent(flat[word_at]), initial=EMPTY_EXPONENT))
-            flat = _without_heads(flat, word_at, counts[1:] - 1)
-        return routing.sum_matrices[c].matmul(flat.reshape(-1, width)), largest
+        if head:
+            head_rows = (np.cumsum(counts) - counts)[1:] // width  # each client's first row
+            largest = int(np.max(word_exponent(gathered[head_rows, 0]), initial=EMPTY_EXPONENT))
+        return routing.sum_matrices[c].matmul(gathered), largest
 
     def _masked_scatter_chunk(self, routing: Routing, c: int, summed: np.ndarray | None,
-                              largest: int | None, used: int, counter: int, exponent: int,
+                              largest: int | None, used: int, exponent: int,
                               result: np.ndarray, receive_rows: np.ndarray, own: int, width: int,
                               add: bool) -> int | None:
-        """Send each owner its masked sums of chunk c (chunk 0: after the largest exponent);
-        this client unmasks and writes (or adds) them unless that exponent exceeds ``used``.
-        Returns the largest exponent for chunk 0 on every rank."""
+        """Send each owner its masked sums of chunk c (chunk 0: after a head row whose first word
+        is the largest exponent); this client unmasks and writes (or adds) them unless that
+        exponent exceeds ``used``. Returns the largest exponent for chunk 0 on every rank."""
+        head = 1 if c == 0 else 0
         per_owner = routing.owned_rows(c)
-        counts = np.concatenate([[0], per_owner]) * width
+        counts = np.concatenate([[0], per_owner + head]) * width
         send = None
         if self.comm.is_server:
             send = summed.ravel()
-            if c == 0:
-                send = _with_heads(send, counts[1:], exponent_word(largest, self.wire_dtype)[0])
-        if c == 0:
-            counts[1:] += 1
+            if head:
+                head_rows = (np.cumsum(counts) - counts)[1:] // width
+                summed[head_rows, 0] = exponent_word(largest, self.wire_dtype)[0]
         mine = int(per_owner[own]) if own >= 0 else 0
         received = self.comm.scatterv(send, counts if self.comm.is_server else None,
                                       int(counts[self.comm.rank]), self.wire_dtype)
-        if c == 0 and not self.comm.is_server:
-            largest, received = int(word_exponent(received[:1])[0]), received[1:]
-        if mine and (c > 0 or largest <= used):
-            first = routing.first_owned_row(c, own)
-            # the scattered words are this rank's own buffer: unmasked in place
-            decoded = self.masking.unmask_rows(routing.masks, counter, first,
-                                               received.reshape(mine, width), exponent,
-                                               self.dtype, overwrite=True)
-            _store(result, receive_rows[first:first + mine], decoded, add)
+        if head and not self.comm.is_server:
+            largest, received = int(word_exponent(received[:1])[0]), received[width:]
+        if mine:
+            # the scattered words are this rank's own buffer: unmasked in place. A failed
+            # attempt (chunk 0 beyond the range) is unmasked too, so that every sender's key
+            # stream and this owner's copy stay at the same byte, but not stored.
+            decoded = self.masking.unmask_rows(routing.masks, c, received.reshape(mine, width),
+                                               exponent, self.dtype)
+            if c > 0 or largest <= used:
+                first = routing.first_owned_row(c, own)
+                _store(result, receive_rows[first:first + mine], decoded, add)
         return largest
 
 
@@ -443,28 +462,6 @@ def _store(result: np.ndarray, rows, block: np.ndarray, add: bool) -> None:
         result[rows] += block
     else:
         result[rows] = block
-
-
-def _without_heads(flat: np.ndarray, heads: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """``flat`` without the word at each of ``heads`` (each followed by lengths[k] words): one
-    slice copy per sender rather than a masked copy of every word."""
-    out = np.empty(flat.shape[0] - heads.shape[0], dtype=flat.dtype)
-    at = 0
-    for head, length in zip(heads.tolist(), lengths.tolist()):
-        out[at:at + length] = flat[head + 1:head + 1 + length]
-        at += length
-    return out
-
-
-def _with_heads(flat: np.ndarray, lengths: np.ndarray, head: np.generic) -> np.ndarray:
-    """``flat`` cut into pieces of ``lengths`` words, each piece preceded by the word ``head``."""
-    out = np.empty(flat.shape[0] + lengths.shape[0], dtype=flat.dtype)
-    source = at = 0
-    for length in lengths.tolist():
-        out[at] = head
-        out[at + 1:at + 1 + length] = flat[source:source + length]
-        at, source = at + 1 + length, source + length
-    return out
 
 
 class _CrossClientSum(torch.autograd.Function):

@@ -9,11 +9,12 @@ derives, with HKDF-SHA256 of their shared secret, one key per direction for the 
 and j -> i differ: the X25519 secret is symmetric) and one pair key for the zero-sum masks. Keys
 live only in this object: never pickled, logged or written (tests check the run's files).
 
-Keystreams: ChaCha20 (256-bit key), nonce = session counter [64 bits], block counter = the
-64-byte block index [32 bits: 256 GB per stream]. The session counter advances once per masked
-operation (every exchange of training, evaluation and ``--save-logits``, every masked sum),
-identically on every rank, so (key, counter, block) never repeats within a run; keys are fresh
-every run (a resume agrees new ones).
+Keystreams: AES-256-CTR, one stream per key for the whole run from counter block 0
+(``KeyStream``), read front to back: each masked operation (every chunk of every exchange of
+training, evaluation and ``--save-logits``, every masked sum, every redo) takes the stream's next
+bytes. Every rank runs the same operations in the same order, so a stream's two holders (sender
+and owner, or a pair's two clients) read the same bytes for the same words, and no byte masks
+twice; keys are fresh every run (a resume agrees new ones). One cipher context per key and run.
 
 Fixed point: a float vector is encoded as round(v * 2^e) in the ring Z_2^k (k = 32 for float32
 runs, k = 64 for float64, so the bytes on the wire do not change). With a range exponent b (terms
@@ -24,15 +25,15 @@ terms is off by at most m * 2^-(e+1) (``sum_error_bound``).
 
 Lagged exponents: b is not agreed per operation. Each slot (an exchange's pass and call, a masked
 sum's segments) runs with the largest exponent of its last use plus HEADROOM_BITS, learns this
-use's largest from the operation's own messages (the exchange: one word each way in chunk 0; a
-sum: an unmasked exponent histogram tail), and runs again with a new counter when a term
+use's largest from the operation's own messages (the exchange: a head row each way in chunk 0;
+a sum: an unmasked exponent histogram tail), and runs again (the streams reading on) when a term
 outgrew the range. Only a slot's first use agrees b with a max-allreduce. docs/privacy.md.
 
-Compact exchange masks: sender i adds to the terms it sends for owner j the keystream of
-k_{i->j}, word p*d+w for the w-th value of its p-th row for j (rows in ascending S-position: the
-order of i's touched rows inside j's segment, which chunking only cuts, never reorders). The
-server adds masked terms in the ring; owner j knows from its own cross block which of its rows
-each sender touches (A_ij = A_ji^T) and subtracts those keystreams. Weight gradients, the loss and
+Compact exchange masks: sender i adds to the terms it sends for owner j the next words of the
+stream of k_{i->j}, row by row (rows in ascending S-position: the order of i's touched rows
+inside j's segment, which chunking only cuts, never reorders). The server adds masked terms in
+the ring; owner j knows from its own cross block which of its rows each sender touches, in the
+same order (A_ij = A_ji^T), reads the same words and subtracts them from those rows. Weight gradients, the loss and
 the evaluation's counts: zero-sum pairwise masks (client i adds keystream(k_{ij}) for j > i and
 subtracts it for j < i), cancelling only in the total over all clients.
 """
@@ -41,25 +42,23 @@ from __future__ import annotations
 import logging
 import math
 import os
-import struct
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from mpifgl.communicator import Communicator
+from mpifgl.graph import CSRArrays
 
 log = logging.getLogger("mpifgl")
 
 RING_DTYPES = {np.dtype(np.float32): np.dtype(np.uint32), np.dtype(np.float64): np.dtype(np.uint64)}
 SIGNED = {np.dtype(np.uint32): np.dtype(np.int32), np.dtype(np.uint64): np.dtype(np.int64)}
-KEY_BYTES = 32
-BLOCK_BYTES = 64  # ChaCha20 block: the keystream's unit of position
-MAX_BLOCKS = 2 ** 32  # ChaCha20's block counter
+KEY_BYTES = 32  # AES-256
 # the exponent a rank reports when all its terms are zero (fits the int32 word that carries it)
 EMPTY_EXPONENT = -(2 ** 30)
 # bits of growth a lagged range absorbs: terms up to 2^HEADROOM_BITS times the last use's largest
@@ -208,14 +207,54 @@ def _derive(secret: bytes, salt: bytes, label: str) -> bytes:
 
 
 @dataclass
-class NonceRecord:
-    """One keystream use: which key (by its label, never the key), counter, block range."""
+class KeystreamUse:
+    """One read of a key's stream: which key (by its label, never the key), by which role, and
+    the bytes [start, end) of the stream it took."""
 
     key_label: tuple
     role: str  # mask / unmask (exchange), add / subtract (zero-sum)
-    counter: int
-    first_block: int
-    end_block: int
+    start: int
+    end: int
+
+
+class KeyStream:
+    """One key's AES-256-CTR keystream for the whole run, read front to back: every byte once.
+    Its two holders (sender and owner, or a pair's adding and subtracting client) read it in the
+    same order and amounts, because every rank runs the same masked operations in the same order
+    on the same plans; so the same bytes mask and unmask, and no byte masks twice."""
+
+    def __init__(self, key: bytes, label: tuple):
+        self.key = key
+        self.label = label
+        self.position = 0  # bytes read so far
+        # counter block 0: the key is used for this one stream only (fresh keys every run)
+        self._encryptor = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
+
+    def __repr__(self) -> str:  # keys must never reach a log line
+        return f"KeyStream({self.label}, at byte {self.position})"
+
+    def read_into(self, out: np.ndarray, role: str, log: list[KeystreamUse] | None) -> None:
+        """Fill the contiguous array ``out`` with the stream's next ``out.nbytes`` bytes."""
+        count = out.nbytes
+        if log is not None:
+            log.append(KeystreamUse(self.label, role, self.position, self.position + count))
+        # AES-CTR of zeros: the keystream itself
+        self._encryptor.update_into(_zeros(count), out.reshape(-1).view(np.uint8))
+        self.position += count
+
+
+@dataclass
+class UnmaskChunk:
+    """What an owner needs to unmask one chunk of its receive rows [first, first + rows)."""
+
+    first: int
+    rows: int
+    # (sender, low, high): the sender's rows [low, high) of its send order for this owner (its
+    # keystream rows) land in this chunk; their streams are read in this order, end to end
+    senders: list[tuple[int, int, int]]
+    # [rows, sum of high - low], entries -1 in the ring: adds minus each keystream row to the
+    # receive row it masked, in one sparse product (no gather and scatter per sender)
+    removal: CSRArrays
 
 
 @dataclass
@@ -226,23 +265,24 @@ class ExchangeMasks:
     # the largest row abs-sum of the send matrix: max|term| <= term_bound * max|y| (chunked
     # exchanges report this bound rather than compute every chunk's terms twice)
     term_bound: float = 0.0
-    # per sender i (None for itself): positions, among this owner's receive rows, of the rows i
-    # touches, ascending (= i's send order for this owner)
-    rows_from: list[np.ndarray | None] = field(default_factory=list)
+    chunks: list[UnmaskChunk] = field(default_factory=list)  # per chunk of the exchange
 
 
 class SecureSession:
-    """One rank's keys and counter for a run (the server holds no key)."""
+    """One rank's key streams for a run (the server holds no key)."""
 
     def __init__(self, client_id: int, num_clients: int, exchange_to: dict[int, bytes],
                  exchange_from: dict[int, bytes], pair: dict[int, bytes]):
         self.client_id = client_id
         self.num_clients = num_clients
-        self._exchange_to = exchange_to  # owner j -> k_{me->j}
-        self._exchange_from = exchange_from  # sender i -> k_{i->me}
-        self._pair = pair  # other client j -> k_{me,j}
-        self.counter = 0
-        self.nonce_log: list[NonceRecord] | None = None  # tests switch it on
+        # owner j -> stream of k_{me->j}; sender i -> stream of k_{i->me}; client j -> k_{me,j}
+        self._to = {j: KeyStream(key, ("exchange", client_id, j))
+                    for j, key in sorted(exchange_to.items())}
+        self._from = {i: KeyStream(key, ("exchange", i, client_id))
+                      for i, key in sorted(exchange_from.items())}
+        self._pair = {j: KeyStream(key, ("zero-sum",) + tuple(sorted((client_id, j))))
+                      for j, key in sorted(pair.items())}
+        self.stream_log: list[KeystreamUse] | None = None  # tests switch it on
         # per slot (an exchange's layer and direction, a masked sum's segments): the largest
         # exponent of its last use, the same on every rank; the next use's lagged range
         self.agreed_exponents: dict[Hashable, int | tuple[int, ...]] = {}
@@ -250,8 +290,7 @@ class SecureSession:
         self._scratch = np.empty(0, dtype=np.uint8)  # keystream bytes, reused across calls
 
     def __repr__(self) -> str:  # keys must never reach a log line
-        return (f"SecureSession(client {self.client_id} of {self.num_clients}, "
-                f"counter {self.counter})")
+        return f"SecureSession(client {self.client_id} of {self.num_clients})"
 
     def __reduce__(self):
         raise TypeError("a SecureSession holds keys and is never pickled")
@@ -282,67 +321,75 @@ class SecureSession:
                 pair[j] = _derive(secret, salt, f"mpifgl zero-sum {low}-{high}")
         return cls(client_id, num_clients, exchange_to, exchange_from, pair)
 
-    def next_counter(self) -> int:
-        """The counter of the next masked operation (every rank calls this in the same order)."""
-        self.counter += 1
-        return self.counter
-
     def key_material(self) -> list[bytes]:
         """Every key this rank holds (for the tests that look for them in the run's files)."""
-        return [*self._exchange_to.values(), *self._exchange_from.values(), *self._pair.values()]
+        return [s.key for streams in (self._to, self._from, self._pair)
+                for s in streams.values()]
 
-    def _keystream(self, key: bytes, key_label: tuple, role: str, counter: int,
-                   word_offset: int, count: int, ring: np.dtype,
-                   reuse_buffer: bool = False) -> np.ndarray:
-        """Ring words [word_offset, word_offset + count) of the stream of (key, counter).
-        ``reuse_buffer``: the words live in this session's scratch buffer, valid until the next
-        such call (the masking loops add them at once; no fresh pages per stream)."""
-        itemsize = ring.itemsize
-        start = word_offset * itemsize
-        first_block, skip = divmod(start, BLOCK_BYTES)
-        total = skip + count * itemsize
-        end_block = first_block + -(-total // BLOCK_BYTES)
-        if self.nonce_log is not None:
-            self.nonce_log.append(NonceRecord(key_label, role, counter, first_block, end_block))
-        assert end_block <= MAX_BLOCKS, "one keystream of 256 GB: chunk the exchange"
-        # cryptography's ChaCha20 nonce: block counter (32 bits, little-endian) + 96-bit nonce
-        nonce = struct.pack("<IQI", first_block, counter, 0)
-        encryptor = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor()
-        if reuse_buffer:
-            if self._scratch.shape[0] < total + BLOCK_BYTES:
-                self._scratch = np.empty(max(total + BLOCK_BYTES, 2 * self._scratch.shape[0]),
-                                         dtype=np.uint8)
-            stream = self._scratch[:total + BLOCK_BYTES]
-        else:
-            stream = np.empty(total + BLOCK_BYTES, dtype=np.uint8)
-        encryptor.update_into(_zeros(total), stream)  # ChaCha20 of zeros: the keystream itself
-        return stream[skip:skip + count * itemsize].view(ring)
+    def _words(self, count: int, ring: np.dtype) -> np.ndarray:
+        """``count`` ring words of this session's scratch buffer (keystreams land there; valid
+        until the next call: the masking loops add them at once, no fresh pages per stream)."""
+        size = count * np.dtype(ring).itemsize
+        if self._scratch.shape[0] < size:
+            self._scratch = np.empty(max(size, 2 * self._scratch.shape[0]), dtype=np.uint8)
+        return self._scratch[:size].view(ring)
 
     # -- the compact exchange -------------------------------------------------------------------
-    def exchange_masks(self, plan) -> ExchangeMasks:
+    def exchange_masks(self, plan, receive_chunks: list[tuple[int, int]],
+                       ring: np.dtype) -> ExchangeMasks:
         """Per plan (mpifgl.graph.CrossExchangePlan): where this client's send rows of each owner
-        start, and which of its receive rows each sender touches (from its own cross block)."""
+        start, and per chunk of its receive rows ((first, count) each) which senders' keystream
+        rows it removes where."""
         starts = np.concatenate([[0], np.cumsum(plan.segment_rows)]).astype(np.int64)
         owner_first = np.searchsorted(plan.touched, starts).astype(np.int64)
-        rows_from: list[np.ndarray | None] = []
-        for i in range(self.num_clients):
-            if i == self.client_id or plan.send_rows is None:
-                rows_from.append(None)
-                continue
-            # my touched rows in i's segment are the S-positions of i's nodes adjacent to my
-            # sampled nodes; those nodes (the send matrix's columns) are the rows i touches here
-            indptr = plan.send_rows.indptr
-            own_nodes = np.unique(plan.send_rows.indices[indptr[owner_first[i]]:
-                                                         indptr[owner_first[i + 1]]])
-            rows_from.append(np.searchsorted(plan.receive_rows, own_nodes).astype(np.int64))
+        rows_from = self._rows_from(plan, owner_first)
+        chunks = [self._unmask_chunk(rows_from, first, count, ring)
+                  for first, count in receive_chunks]
         term_bound = 0.0
-        if plan.send_rows is not None and plan.send_rows.data.size:
-            row_sums = np.add.reduceat(np.abs(plan.send_rows.data.astype(np.float64)),
-                                       plan.send_rows.indptr[:-1].clip(
-                                           max=plan.send_rows.data.size - 1))
-            row_sums[np.diff(plan.send_rows.indptr) == 0] = 0.0  # reduceat's empty rows
+        send = plan.send_rows
+        if len(receive_chunks) > 1 and send is not None and send.data.size:
+            row_sums = np.add.reduceat(np.abs(send.data.astype(np.float64)),
+                                       send.indptr[:-1].clip(max=send.data.size - 1))
+            row_sums[np.diff(send.indptr) == 0] = 0.0  # reduceat's empty rows
             term_bound = float(row_sums.max())
-        return ExchangeMasks(owner_first, term_bound, rows_from)
+        return ExchangeMasks(owner_first, term_bound, chunks)
+
+    def _rows_from(self, plan, owner_first: np.ndarray) -> list[np.ndarray | None]:
+        """Per sender i (None for itself): positions, among this owner's receive rows, of the
+        rows i touches, ascending (= i's send order for this owner). My touched rows in i's
+        segment are the S-positions of i's nodes adjacent to my sampled nodes; those nodes (the
+        send matrix's columns) are the rows i touches here (A_ij = A_ji^T)."""
+        send, m = plan.send_rows, self.num_clients
+        if send is None:
+            return [None] * m
+        entries = send.indptr[owner_first].astype(np.int64)  # each owner's first entry
+        per_owner = np.diff(entries)
+        adjacent = np.zeros((m, send.shape[1]), dtype=bool)
+        adjacent[np.repeat(np.arange(m), per_owner),
+                 send.indices[entries[0]:entries[-1]]] = True
+        position = np.full(send.shape[1], -1, dtype=np.int64)
+        position[plan.receive_rows] = np.arange(plan.receive_rows.shape[0])
+        return [None if i == self.client_id else position[np.flatnonzero(adjacent[i])]
+                for i in range(m)]
+
+    @staticmethod
+    def _unmask_chunk(rows_from: list[np.ndarray | None], first: int, count: int,
+                      ring: np.dtype) -> UnmaskChunk:
+        senders, targets = [], []
+        for i, rows in enumerate(rows_from):
+            if rows is None:
+                continue
+            low, high = (int(k) for k in np.searchsorted(rows, [first, first + count]))
+            if high > low:
+                senders.append((i, low, high))
+                targets.append(rows[low:high] - first)
+        target = np.concatenate(targets) if targets else np.zeros(0, np.int64)
+        indptr = np.zeros(count + 1, dtype=np.int64)
+        np.cumsum(np.bincount(target, minlength=count), out=indptr[1:])
+        minus_one = np.full(target.shape[0], -1, dtype=SIGNED[np.dtype(ring)]).view(ring)
+        removal = CSRArrays(indptr, np.argsort(target, kind="stable"), minus_one,
+                            (count, int(target.shape[0]))).compact_indices()
+        return UnmaskChunk(first, count, senders, removal)
 
     def exchange_range(self, comm: Communicator, slot: Hashable, needed: int) -> int:
         """The range exponent of this use of an exchange slot: the lagged one, or on the slot's
@@ -353,8 +400,8 @@ class SecureSession:
 
     def settle(self, slot: Hashable, largest: int, used: int) -> bool:
         """Record the largest exponent any sender needed in this use of ``slot`` (every rank
-        learns it from the server's status word); True if it exceeded the range ``used``, so the
-        operation must run again (a new counter) with that exponent."""
+        learns it from the server's head row); True if it exceeded the range ``used``, so the
+        operation must run again with that exponent."""
         self.agreed_exponents[slot] = largest
         overflowed = largest > used
         if overflowed:
@@ -363,9 +410,9 @@ class SecureSession:
                       slot, largest, used, self.redos)
         return overflowed
 
-    def mask_rows(self, masks: ExchangeMasks, counter: int, send_low: int, rows: np.ndarray,
-                  exponent: int, ring: np.dtype, in_range: bool = True,
-                  out: np.ndarray | None = None, largest: int | None = None) -> np.ndarray:
+    def mask_rows(self, masks: ExchangeMasks, send_low: int, rows: np.ndarray, exponent: int,
+                  ring: np.dtype, in_range: bool = True, out: np.ndarray | None = None,
+                  largest: int | None = None) -> np.ndarray:
         """This sender's terms [r, d] for its touched rows [send_low, send_low + r), encoded and
         masked per owner -> ring [r, d] (written into ``out``, r * d words, when given).
         ``in_range`` False: the terms exceed this attempt's range (it will be redone), so masked
@@ -379,57 +426,44 @@ class SecureSession:
             encoded.fill(0)
         if not rows.size:
             return encoded
-        width, send_high = rows.shape[1], send_low + rows.shape[0]
-        for j, key in self._exchange_to.items():
+        send_high = send_low + rows.shape[0]
+        # the rows are owner by owner: each owner's next keystream rows, end to end, then one add
+        streams = self._words(rows.size, ring).reshape(rows.shape)
+        covered = 0
+        for j, stream in self._to.items():
             low = max(send_low, int(masks.owner_first[j]))
             high = min(send_high, int(masks.owner_first[j + 1]))
-            if high <= low:
-                continue
-            stream = self._keystream(key, ("exchange", self.client_id, j), "mask", counter,
-                                     (low - int(masks.owner_first[j])) * width,
-                                     (high - low) * width, ring, reuse_buffer=True)
-            target = encoded[low - send_low:high - send_low]
-            np.add(target, stream.reshape(-1, width), out=target)
+            if high > low:
+                stream.read_into(streams[low - send_low:high - send_low], "mask",
+                                 self.stream_log)
+                covered += high - low
+        assert covered == rows.shape[0], "a client's touched rows lie in other clients' segments"
+        np.add(encoded, streams, out=encoded)
         return encoded
 
-    def unmask_rows(self, masks: ExchangeMasks, counter: int, first: int, received: np.ndarray,
-                    exponent: int, dtype: np.dtype, overwrite: bool = False) -> np.ndarray:
-        """The ring sums [r, d] of this owner's receive rows [first, first + r), the senders'
-        keystreams removed, decoded -> float [r, d]. ``overwrite``: ``received`` is the
-        caller's to spend (unmasked in place rather than copied)."""
-        if not overwrite:
-            received = received.copy()
+    def unmask_rows(self, masks: ExchangeMasks, chunk: int, received: np.ndarray,
+                    exponent: int, dtype: np.dtype) -> np.ndarray:
+        """The ring sums [r, d] of this owner's receive rows of ``chunk`` (its buffer, unmasked
+        in place: each sender's next keystream rows subtracted from the rows they masked),
+        decoded -> float [r, d]."""
+        part = masks.chunks[chunk]
         width = received.shape[1]
-        for i, key in self._exchange_from.items():
-            rows = masks.rows_from[i]
-            if rows is None:
-                continue
-            low, high = np.searchsorted(rows, [first, first + received.shape[0]])
-            if high <= low:
-                continue
-            stream = self._keystream(key, ("exchange", i, self.client_id), "unmask", counter,
-                                     int(low) * width, int(high - low) * width, received.dtype,
-                                     reuse_buffer=True).reshape(-1, width)
-            positions = rows[low:high] - first
-            if positions[-1] - positions[0] + 1 == positions.shape[0]:  # consecutive rows
-                target = received[positions[0]:positions[-1] + 1]
-                np.subtract(target, stream, out=target)
-            else:
-                received[positions] -= stream
+        streams = self._words(part.removal.shape[1] * width, received.dtype).reshape(-1, width)
+        at = 0
+        for i, low, high in part.senders:
+            self._from[i].read_into(streams[at:at + high - low], "unmask", self.stream_log)
+            at += high - low
+        part.removal.matmul(streams, out=received)
         return decode(received, exponent, dtype)
 
     # -- sums over clients (weight gradients and loss, counts) ----------------------------------
-    def _zero_sum_mask(self, encoded: np.ndarray, counter: int) -> np.ndarray:
+    def _zero_sum_mask(self, encoded: np.ndarray) -> np.ndarray:
         """Add this client's share of the pairwise masks that cancel in the total (in place)."""
-        for j, key in self._pair.items():
-            low, high = sorted((self.client_id, j))
-            role = "add" if self.client_id < j else "subtract"
-            stream = self._keystream(key, ("zero-sum", low, high), role, counter, 0,
-                                     encoded.shape[0], encoded.dtype, reuse_buffer=True)
-            if self.client_id < j:
-                np.add(encoded, stream, out=encoded)
-            else:
-                np.subtract(encoded, stream, out=encoded)
+        stream_words = self._words(encoded.shape[0], encoded.dtype)
+        for j, stream in self._pair.items():
+            adding = self.client_id < j
+            stream.read_into(stream_words, "add" if adding else "subtract", self.stream_log)
+            (np.add if adding else np.subtract)(encoded, stream_words, out=encoded)
         return encoded
 
     def sum_to_all(self, comm: Communicator, values: np.ndarray,
@@ -441,10 +475,10 @@ class SecureSession:
         Floats: one collective in the common case. Each segment's scale comes from its last
         use (lagged range), and an unmasked tail of HISTOGRAM_WORDS words per segment counts
         the clients per needed exponent, so the sum itself tells every rank the range of the
-        next use and whether a term outgrew this one (then the sum runs again, new counter)."""
+        next use and whether a term outgrew this one (then the sum runs again)."""
         values = np.ascontiguousarray(values)
         if values.dtype == np.int64:
-            masked = self._zero_sum_mask(values.view(np.uint64).copy(), self.next_counter())
+            masked = self._zero_sum_mask(values.view(np.uint64).copy())
             return comm.sum_to_all(masked).view(np.int64)
         ring, m = ring_of(values.dtype), self.num_clients
         bounds = np.cumsum([0] + list(segments or [values.shape[0]]))
@@ -470,7 +504,7 @@ class SecureSession:
             for k, (n, u) in enumerate(zip(needed, used)):
                 if n != EMPTY_EXPONENT:
                     tail[k, int(np.clip(n - u + HISTOGRAM_AT_RANGE, 0, HISTOGRAM_WORDS - 1))] = 1
-            self._zero_sum_mask(message[:size], self.next_counter())
+            self._zero_sum_mask(message[:size])
             total = comm.sum_to_all(message)
             histogram = total[size:].reshape(len(pieces), HISTOGRAM_WORDS)
             if histogram[:, -1].any():  # an exponent beyond the window: ask for it exactly
@@ -493,7 +527,6 @@ class SecureSession:
     def sum_to_server(self, comm: Communicator, counts: np.ndarray) -> np.ndarray | None:
         """Collective: the sum of integer-valued float64 counts at the server (None
         elsewhere), masked like ``sum_to_all``."""
-        counter = self.next_counter()
         encoded = np.rint(np.asarray(counts, dtype=np.float64)).astype(np.int64).view(np.uint64)
-        total = comm.sum_to_server(self._zero_sum_mask(encoded.copy(), counter))
+        total = comm.sum_to_server(self._zero_sum_mask(encoded.copy()))
         return None if total is None else total.view(np.int64).astype(np.float64)

@@ -20,7 +20,7 @@ def metrics(run_dir):
 def test_secure_training_equals_the_unmasked_run(toy_shards, tmp_path):
     """3 clients, sampled steps, dropout, evaluation and --save-logits: losses and logits agree
     within the fixed-point bound (float64: far below 1e-9), scores are identical, bytes differ
-    only by what carries the exponents: one word per exchange each way, the gradient sum's
+    only by what carries the exponents: a head row per exchange each way, the gradient sum's
     histogram tail, and the first use's agreements (docs/privacy.md)."""
     from mpifgl.secure import HISTOGRAM_WORDS
     shards = toy_shards(3, seed=4)
@@ -33,8 +33,13 @@ def test_secure_training_equals_the_unmasked_run(toy_shards, tmp_path):
         assert done.returncode == 0, done.stderr[-3000:]
     plain, masked = metrics(runs["plain"]), metrics(runs["secure"])
     steps = json.loads((runs["secure"] / "config.json").read_text())["steps_per_epoch"]
+    classes = json.loads((shards / "manifest.json").read_text())["num_classes"]
     segments = 2 * 2 + 1  # weight and bias of 2 layers, the loss
-    exponent_bytes = steps * (segments * HISTOGRAM_WORDS + 2 * 2) * 8 + 16 * 8
+    head_words = 16 + classes  # one head row per exchange: layer 1 (hidden), layer 2 (classes)
+    # per step: the gradient sum's tails, the head rows forward and backward; evaluation and
+    # the first uses' agreements once
+    exponent_bytes = (steps * (segments * HISTOGRAM_WORDS + 2 * head_words) + head_words
+                      + 16) * 8
     for a, b in zip(plain, masked):
         assert abs(a["loss"] - b["loss"]) <= 1e-9 * max(1.0, abs(a["loss"]))
         for split in ("train", "val", "test"):

@@ -6,8 +6,8 @@
   float64, 1e-5 in float32, as test_exactness.py) for 1-4 clients, full graph and sampled;
 * what the server sees: ring words only, uniform bytes (chi-square), different between two runs
   with fresh keys on identical data while the results are the same;
-* no (key, counter, block) used twice in a whole run (training, evaluation, --save-logits), and
-  no key in any file the run writes;
+* every key stream read once, front to back, by both its holders alike, in a whole run
+  (training, evaluation, --save-logits), and no key in any file the run writes;
 * fixed-point overflow and non-finite values stop with a clear error; bad flag combinations are
   refused naming both flags.
 """
@@ -321,23 +321,36 @@ def chi_square_uniform_bytes(octets: np.ndarray) -> float:
     return float(((counts - expected) ** 2 / expected).sum())
 
 
-def split_clear_words(kind: str, words: np.ndarray, tail_words: int
+def split_clear_words(kind: str, words: np.ndarray, tail_words: int, chunk_and_width
                       ) -> tuple[np.ndarray, np.ndarray]:
-    """(masked words, words sent in clear) of one buffer a client sent the server: a one-chunk
-    exchange's first word is the sender's exponent; a float sum (the gradients and loss) ends
-    in its exponent histogram; count sums are masked whole (docs/privacy.md)."""
+    """(masked words, words sent in clear) of one buffer a client sent the server: an exchange's
+    chunk 0 starts with a head row whose first word is the sender's exponent (the rest zeros); a
+    float sum (the gradients and loss) ends in its exponent histogram; count sums are masked
+    whole (docs/privacy.md)."""
     if kind == "gatherv":
-        return words[1:], words[:1]
+        chunk, width = chunk_and_width
+        head = width if chunk == 0 else 0
+        return words[head:], words[:head]
     if words.shape[0] > tail_words:
         return words[:-tail_words], words[-tail_words:]
     return words, words[:0]
 
 
-def server_view(toy_graph, tmp_path, dtype: str):
+def server_view(toy_graph, tmp_path, dtype: str, monkeypatch):
     """(result, masked words, clear words, every buffer) the server received in one step."""
     shard_dir = shards_for(toy_graph, tmp_path, 3)
     world = ThreadWorld(4)
     config = model_config(shard_dir, dtype, True)
+    # per client, each masked Gatherv's chunk and width, in call order
+    sent: dict[int, list[tuple[int, int]]] = {rank: [] for rank in range(1, 4)}
+    original = CrossClientExchange._masked_sum_chunk
+
+    def recording(self, routing, c, rows, *args):
+        if self.comm.is_client:
+            sent[self.comm.rank].append((c, rows.shape[1]))
+        return original(self, routing, c, rows, *args)
+
+    monkeypatch.setattr(CrossClientExchange, "_masked_sum_chunk", recording)
     result = world.run(lambda comm: one_step(comm, shard_dir, config, True))[0]
     from mpifgl.model import GNN
     tensors = len(list(GNN(config.backbone, toy_graph.x.shape[1], config.hidden,
@@ -346,16 +359,20 @@ def server_view(toy_graph, tmp_path, dtype: str):
     masked, clear = [], []
     for kind, rank, v in world.server_received:
         if v.dtype.kind == "u":
-            hidden, shown = split_clear_words(kind, v, tail_words)
+            shape = sent[rank].pop(0) if kind == "gatherv" else None
+            hidden, shown = split_clear_words(kind, v, tail_words, shape)
             masked.append((kind, rank, hidden))
             clear.append((kind, rank, shown))
+    assert not any(sent.values()), "every masked Gatherv is accounted for"
     return result, masked, clear, world.server_received
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_server_receives_uniform_words_that_change_with_the_keys(toy_graph, tmp_path, dtype):
-    first, seen_first, clear_first, everything = server_view(toy_graph, tmp_path, dtype)
-    second, seen_second, clear_second, _ = server_view(toy_graph, tmp_path, dtype)
+def test_server_receives_uniform_words_that_change_with_the_keys(toy_graph, tmp_path, dtype,
+                                                                 monkeypatch):
+    first, seen_first, clear_first, everything = server_view(toy_graph, tmp_path, dtype,
+                                                             monkeypatch)
+    second, seen_second, clear_second, _ = server_view(toy_graph, tmp_path, dtype, monkeypatch)
     # every float-valued buffer a client sent the server is ring words (ids are int32/int64)
     assert all(v.dtype.kind in "ui" for _, _, v in everything)
     assert {kind for kind, _, _ in seen_first} == {"gatherv", "sum"}
@@ -375,13 +392,15 @@ def test_server_receives_uniform_words_that_change_with_the_keys(toy_graph, tmp_
     assert np.mean(again == words) < 2 / 256
     for a, b in zip(first, second):
         np.testing.assert_array_equal(a, b)
-    # in clear: each sender's exponent per exchange, the clients' exponent histogram per
-    # gradient segment; the same in both runs (they depend on the data, not the keys)
+    # in clear: each sender's exponent per exchange (a head row of zeros after it), the
+    # clients' exponent histogram per gradient segment; the same in both runs (they depend on
+    # the data, not the keys)
     for (kind, _, a), (_, _, b) in zip(clear_first, clear_second):
         np.testing.assert_array_equal(a, b)
         signed = secure.word_exponent(a)
-        if kind == "gatherv":
+        if kind == "gatherv" and a.size:
             assert signed[0] == secure.EMPTY_EXPONENT or abs(signed[0]) < 1100
+            assert not signed[1:].any()
         else:
             assert set(signed.tolist()) <= {0, 1}
 
@@ -397,10 +416,10 @@ def test_plain_run_sends_floats_the_secure_run_hides(toy_graph, tmp_path):
 
 
 # -- nonces and keys across a whole run ---------------------------------------------------------
-def test_whole_run_uses_every_keystream_block_once_and_writes_no_key(toy_graph, tmp_path):
+def test_whole_run_reads_every_key_stream_once_and_writes_no_key(toy_graph, tmp_path):
     """A real run (train.train on every rank: set-up, 3 epochs of sampled steps, evaluation,
-    checkpoints, --save-logits): no (key, counter, block) twice, and no key's bytes (raw or
-    hex) in any file it writes."""
+    checkpoints, --save-logits): every key stream read once, front to back, by each of its two
+    holders alike, and no key's bytes (raw or hex) in any file it writes."""
     import logging
     from mpifgl import train as train_module
     shard_dir = shards_for(toy_graph, tmp_path, 3)
@@ -410,7 +429,7 @@ def test_whole_run_uses_every_keystream_block_once_and_writes_no_key(toy_graph, 
 
     def recording_agree(cls, comm):
         session = original_agree(cls, comm)
-        session.nonce_log = []
+        session.stream_log = []
         sessions[comm.rank] = session
         return session
 
@@ -436,19 +455,21 @@ def test_whole_run_uses_every_keystream_block_once_and_writes_no_key(toy_graph, 
     finally:
         secure.SecureSession.agree = classmethod(original_agree)
         logger.removeHandler(handler)
-    # every key's stream: each AES block at most once
-    # a stream's blocks are drawn twice by design, by its two holders (sender and owner, or the
-    # pair's adding and subtracting client): once per role
-    by_stream: dict[tuple, list[tuple[int, int]]] = {}
+    # every key's stream is read front to back, each byte once per holder; its two holders
+    # (sender and owner, or the pair's adding and subtracting client) read the same byte
+    # ranges in the same order, so the bytes that mask are the bytes that unmask
+    reads: dict[tuple, list[tuple[int, int]]] = {}
     for session in sessions.values():
-        for record in session.nonce_log:
-            by_stream.setdefault((record.key_label, record.counter, record.role), []).append(
-                (record.first_block, record.end_block))
-    for key, ranges in by_stream.items():
-        ranges.sort()
-        for (a0, a1), (b0, b1) in zip(ranges, ranges[1:]):
-            assert a1 <= b0, f"{key}: blocks {a0}-{a1} and {b0}-{b1} overlap"
-    assert len({r.counter for s in sessions.values() for r in s.nonce_log}) > 20
+        for use in session.stream_log:
+            reads.setdefault((use.key_label, use.role), []).append((use.start, use.end))
+    for (label, role), ranges in reads.items():
+        assert ranges[0][0] == 0 and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])), \
+            f"{label} {role}: not read front to back once"
+        partner = {"mask": "unmask", "unmask": "mask", "add": "subtract", "subtract": "add"}[role]
+        assert reads[(label, partner)] == ranges, f"{label}: {role} and {partner} disagree"
+    exchange_streams = {label for label, role in reads if label[0] == "exchange"}
+    assert len(exchange_streams) == 6 and len(reads) == 2 * (6 + 3)  # 3 clients
+    assert max(end for ranges in reads.values() for _, end in ranges) > 4000
     # no key material in any file of the run, nor in the log
     keys = [k for s in sessions.values() for k in s.key_material()]
     assert len(keys) == 3 * 2 * 3  # 3 clients x 2 others x (to, from, pair)
@@ -466,19 +487,27 @@ def test_whole_run_uses_every_keystream_block_once_and_writes_no_key(toy_graph, 
     assert json.loads((out / "config.json").read_text())["secure"] is True
 
 
-@pytest.mark.parametrize("dtype", [np.uint32, np.uint64])
-def test_keystream_positions_are_seekable_and_keys_and_counters_separate(dtype):
-    """Words [a, b) of a stream are the same whether drawn alone or as part of [0, n): chunked
-    exchanges mask each row with the words of its position; another counter or key gives
-    another stream."""
-    session = secure.SecureSession(0, 2, {}, {}, {})
-    ring = np.dtype(dtype)
-    whole = session._keystream(b"k" * 32, (), "mask", 7, 0, 1000, ring)
-    for low, high in ((0, 1), (3, 40), (17, 1000), (999, 1000)):
-        part = session._keystream(b"k" * 32, (), "mask", 7, low, high - low, ring)
-        np.testing.assert_array_equal(part, whole[low:high])
-    assert np.mean(session._keystream(b"k" * 32, (), "mask", 8, 0, 1000, ring) == whole) < 0.01
-    assert np.mean(session._keystream(b"j" * 32, (), "mask", 7, 0, 1000, ring) == whole) < 0.01
+def test_a_key_stream_continues_across_reads_and_keys_differ():
+    """Reads of any sizes, end to end, are one AES-256-CTR keystream of the key from counter
+    block 0 (so a chunked exchange masks each row with the bytes of its position); another key
+    gives another stream; the log records byte ranges, never the key."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+    key = b"k" * 32
+    whole = np.frombuffer(Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
+                          .update(bytes(8000)), dtype=np.uint8)
+    stream, log = secure.KeyStream(key, ("exchange", 0, 1)), []
+    parts = [np.empty(n, dtype=np.uint32) for n in (1, 3, 250, 1, 745)]
+    for part in parts:
+        stream.read_into(part, "mask", log)
+    np.testing.assert_array_equal(np.concatenate(parts).view(np.uint8), whole[:4000])
+    words = np.empty((500, 1), dtype=np.uint64)
+    stream.read_into(words, "mask", log)
+    np.testing.assert_array_equal(words.view(np.uint8).ravel(), whole[4000:8000])
+    assert [(u.start, u.end) for u in log][-2:] == [(1020, 4000), (4000, 8000)]
+    assert all("k" * 8 not in repr(u) for u in log) and "k" * 8 not in repr(stream)
+    other = np.empty(1000, dtype=np.uint32)
+    secure.KeyStream(b"j" * 32, ()).read_into(other, "mask", None)
+    assert np.mean(other == np.concatenate(parts)) < 0.01
 
 
 def test_a_session_refuses_to_be_pickled():
@@ -560,12 +589,12 @@ def reference_decode(words: np.ndarray, exponent: int, dtype) -> np.ndarray:
     return np.ldexp(words.view(secure.SIGNED[words.dtype]).astype(dtype), -exponent)
 
 
-def reference_keystream(key: bytes, counter: int, count: int, ring: np.dtype) -> np.ndarray:
-    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
-    import struct
-    nonce = struct.pack("<IQI", 0, counter, 0)  # word 0 of the stream: block 0
-    encryptor = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor()
-    return np.frombuffer(encryptor.update(bytes(count * ring.itemsize)), dtype=ring)
+def reference_keystream(key: bytes, byte_offset: int, count: int, ring: np.dtype) -> np.ndarray:
+    """``count`` ring words of the key's AES-256-CTR stream from ``byte_offset`` on."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+    encryptor = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
+    stream = encryptor.update(bytes(byte_offset + count * ring.itemsize))
+    return np.frombuffer(stream[byte_offset:], dtype=ring)
 
 
 def fixed_key(label: str) -> bytes:
@@ -587,8 +616,8 @@ def fixed_session(comm) -> secure.SecureSession:
 @pytest.mark.parametrize("buffer_mb", [256.0, 1e-6])
 def test_masked_exchange_is_bit_identical_to_the_reference(toy_graph, tmp_path, monkeypatch,
                                                            dtype, buffer_mb):
-    """Fixed keys, one masked exchange: each client's words on the wire are its exponent word
-    then reference_encode(terms) + the owners' keystreams, and each owner's rows are
+    """Fixed keys, one masked exchange: each client's words on the wire are a head row (its
+    exponent word, zeros) then reference_encode(terms) + the owners' keystreams, and each owner's rows are
     reference_decode of the ring sum of every sender's encoded terms, bit for bit."""
     num_clients = 4
     shard_dir = shards_for(toy_graph, tmp_path, num_clients, seed=2)
@@ -604,12 +633,12 @@ def test_masked_exchange_is_bit_identical_to_the_reference(toy_graph, tmp_path, 
         exchange.start_pass("train")
         output = exchange(plan, torch.from_numpy(y)).numpy().copy()
         terms = plan.send_rows.matmul(y) if plan.send_rows is not None else None
-        return output, terms, plan, session.agreed_exponents[("train", 0)], session.counter
+        return output, terms, plan, session.agreed_exponents[("train", 0)], session.redos
 
     world = ThreadWorld(num_clients + 1)
     results = world.run(body)
-    agreed, counter = results[1][3], results[1][4]
-    assert counter == 1  # no redo: the reference below is the one attempt
+    agreed = results[1][3]
+    assert results[1][4] == 0  # no redo: the reference below is the one attempt, from byte 0
     exponent = secure.scale_exponent(ring, num_clients, agreed)
     total_rows = int(results[1][2].segment_rows.sum())
     ring_sum = np.zeros((total_rows, 5), dtype=ring)
@@ -626,8 +655,13 @@ def test_masked_exchange_is_bit_identical_to_the_reference(toy_graph, tmp_path, 
             low, high = int(owner_first[j]), int(owner_first[j + 1])
             if j != me and high > low:
                 expected[low:high] += reference_keystream(
-                    fixed_key(f"{me}->{j}"), counter, (high - low) * 5, ring).reshape(-1, 5)
-        np.testing.assert_array_equal(sent[1:], expected.ravel())
+                    fixed_key(f"{me}->{j}"), 0, (high - low) * 5, ring).reshape(-1, 5)
+        # chunk 0 starts with a head row: the exponent word, then zeros
+        heads = [v for kind, r, v in world.server_received
+                 if kind == "gatherv" and r == rank and v.dtype == ring]
+        np.testing.assert_array_equal(sent[1:5], np.zeros(4, ring))
+        sent = np.concatenate([heads[0][5:], *[v for v in heads[1:]]])
+        np.testing.assert_array_equal(sent, expected.ravel())
     starts = np.concatenate([[0], np.cumsum(results[1][2].segment_rows)])
     touched_any = np.zeros(total_rows, dtype=bool)
     for rank in range(1, num_clients + 1):
@@ -684,8 +718,8 @@ def test_masked_sum_is_bit_identical_to_the_reference(dtype):
             if j == me:
                 continue
             key = fixed_key(f"{min(me, j)}-{max(me, j)}")
-            stream = reference_keystream(key, 1, 57, ring)
-            count_stream = reference_keystream(key, 2, 6, np.dtype(np.uint64))
+            stream = reference_keystream(key, 0, 57, ring)
+            count_stream = reference_keystream(key, 57 * ring.itemsize, 6, np.dtype(np.uint64))
             if me < j:
                 masked += stream
                 counted += count_stream
