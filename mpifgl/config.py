@@ -67,7 +67,7 @@ class TrainConfig:
     secure: bool = option(False, "mask every value the server or a relaying rank handles: "
                                  "cross-client terms, weight gradients, loss and counts travel "
                                  "as fixed-point words plus pairwise keystreams (X25519 + "
-                                 "AES-256-CTR, fresh keys per run, never written); --exchange "
+                                 "AES-128-CTR, fresh keys per run, never written); --exchange "
                                  "compact and --algo ours or bns only. See docs/privacy.md")
     steps_per_epoch: int = option(0, "optimizer steps per epoch, each on a fresh sample of "
                                      "--sample-size draws (the paper's step length); 0: one pass "

@@ -9,7 +9,7 @@ derives, with HKDF-SHA256 of their shared secret, one key per direction for the 
 and j -> i differ: the X25519 secret is symmetric) and one pair key for the zero-sum masks. Keys
 live only in this object: never pickled, logged or written (tests check the run's files).
 
-Keystreams: AES-256-CTR, one stream per key for the whole run from counter block 0
+Keystreams: AES-128-CTR, one stream per key for the whole run from counter block 0
 (``KeyStream``), read front to back: each masked operation (every chunk of every exchange of
 training, evaluation and ``--save-logits``, every masked sum, every redo) takes the stream's next
 bytes. Every rank runs the same operations in the same order, so a stream's two holders (sender
@@ -58,7 +58,9 @@ log = logging.getLogger("mpifgl")
 
 RING_DTYPES = {np.dtype(np.float32): np.dtype(np.uint32), np.dtype(np.float64): np.dtype(np.uint64)}
 SIGNED = {np.dtype(np.uint32): np.dtype(np.int32), np.dtype(np.uint64): np.dtype(np.int64)}
-KEY_BYTES = 32  # AES-256
+# AES-128: the 128-bit security level of the X25519 agreement the keys come from
+KEY_BYTES = 16
+SALT_BYTES = 32
 # the exponent a rank reports when all its terms are zero (fits the int32 word that carries it)
 EMPTY_EXPONENT = -(2 ** 30)
 # bits of growth a lagged range absorbs: terms up to 2^HEADROOM_BITS times the last use's largest
@@ -191,14 +193,14 @@ def decode(ring_values: np.ndarray, exponent: int, dtype: np.dtype,
 
 
 # -- keys and keystreams ----------------------------------------------------------------------
-_ZERO_BYTES = [bytes(0)]
+_ZEROS = [memoryview(bytes(0))]
 
 
 def _zeros(length: int) -> memoryview:
     """``length`` zero bytes, from one buffer kept across calls (the keystream's plaintext)."""
-    if len(_ZERO_BYTES[0]) < length:
-        _ZERO_BYTES[0] = bytes(max(length, 2 * len(_ZERO_BYTES[0])))
-    return memoryview(_ZERO_BYTES[0])[:length]
+    if len(_ZEROS[0]) < length:
+        _ZEROS[0] = memoryview(bytes(max(length, 2 * len(_ZEROS[0]))))
+    return _ZEROS[0][:length]
 
 
 def _derive(secret: bytes, salt: bytes, label: str) -> bytes:
@@ -218,12 +220,14 @@ class KeystreamUse:
 
 
 class KeyStream:
-    """One key's AES-256-CTR keystream for the whole run, read front to back: every byte once.
+    """One key's AES-128-CTR keystream for the whole run, read front to back: every byte once.
     Its two holders (sender and owner, or a pair's adding and subtracting client) read it in the
     same order and amounts, because every rank runs the same masked operations in the same order
     on the same plans; so the same bytes mask and unmask, and no byte masks twice."""
 
     def __init__(self, key: bytes, label: tuple):
+        if len(key) != KEY_BYTES:
+            raise ValueError(f"a {len(key)}-byte stream key, expected {KEY_BYTES} (AES-128)")
         self.key = key
         self.label = label
         self.position = 0  # bytes read so far
@@ -304,7 +308,7 @@ class SecureSession:
         private = None if comm.is_server else X25519PrivateKey.generate()
         public = None if private is None else private.public_key().public_bytes_raw()
         publics = comm.gather_objects(public)
-        relayed = (publics[1:], os.urandom(KEY_BYTES)) if comm.is_server else None
+        relayed = (publics[1:], os.urandom(SALT_BYTES)) if comm.is_server else None
         public_keys, salt = comm.broadcast_object(relayed)
         exchange_to, exchange_from, pair = {}, {}, {}
         if private is not None:

@@ -488,11 +488,11 @@ def test_whole_run_reads_every_key_stream_once_and_writes_no_key(toy_graph, tmp_
 
 
 def test_a_key_stream_continues_across_reads_and_keys_differ():
-    """Reads of any sizes, end to end, are one AES-256-CTR keystream of the key from counter
+    """Reads of any sizes, end to end, are one AES-128-CTR keystream of the key from counter
     block 0 (so a chunked exchange masks each row with the bytes of its position); another key
     gives another stream; the log records byte ranges, never the key."""
     from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-    key = b"k" * 32
+    key = b"k" * secure.KEY_BYTES
     whole = np.frombuffer(Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
                           .update(bytes(8000)), dtype=np.uint8)
     stream, log = secure.KeyStream(key, ("exchange", 0, 1)), []
@@ -506,13 +506,15 @@ def test_a_key_stream_continues_across_reads_and_keys_differ():
     assert [(u.start, u.end) for u in log][-2:] == [(1020, 4000), (4000, 8000)]
     assert all("k" * 8 not in repr(u) for u in log) and "k" * 8 not in repr(stream)
     other = np.empty(1000, dtype=np.uint32)
-    secure.KeyStream(b"j" * 32, ()).read_into(other, "mask", None)
+    secure.KeyStream(b"j" * secure.KEY_BYTES, ()).read_into(other, "mask", None)
     assert np.mean(other == np.concatenate(parts)) < 0.01
+    with pytest.raises(ValueError, match="a 32-byte stream key, expected 16"):
+        secure.KeyStream(b"k" * 32, ())
 
 
 def test_a_session_refuses_to_be_pickled():
     import pickle
-    session = secure.SecureSession(0, 2, {1: b"k" * 32}, {1: b"l" * 32}, {1: b"m" * 32})
+    session = secure.SecureSession(0, 2, {1: b"k" * 16}, {1: b"l" * 16}, {1: b"m" * 16})
     with pytest.raises(TypeError, match="never pickled"):
         pickle.dumps(session)
     assert "k" * 8 not in repr(session)
@@ -590,7 +592,7 @@ def reference_decode(words: np.ndarray, exponent: int, dtype) -> np.ndarray:
 
 
 def reference_keystream(key: bytes, byte_offset: int, count: int, ring: np.dtype) -> np.ndarray:
-    """``count`` ring words of the key's AES-256-CTR stream from ``byte_offset`` on."""
+    """``count`` ring words of the key's AES-128-CTR stream from ``byte_offset`` on."""
     from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
     encryptor = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
     stream = encryptor.update(bytes(byte_offset + count * ring.itemsize))
@@ -599,7 +601,7 @@ def reference_keystream(key: bytes, byte_offset: int, count: int, ring: np.dtype
 
 def fixed_key(label: str) -> bytes:
     import hashlib
-    return hashlib.sha256(f"test key {label}".encode()).digest()
+    return hashlib.sha256(f"test key {label}".encode()).digest()[:secure.KEY_BYTES]
 
 
 def fixed_session(comm) -> secure.SecureSession:
