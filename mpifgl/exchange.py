@@ -402,8 +402,8 @@ class CrossClientExchange:
         counts = None
         if comm.is_server:
             send = np.zeros(0, dtype=self.wire_dtype)
-            counts = (routing.gathered_rows(c) + head) * width
-            counts[0] = 0
+            counts = routing.gathered_rows(c) * width
+            counts[1:] += head * width  # every client's head row
         else:
             send = np.empty((head + rows.shape[0]) * width, dtype=self.wire_dtype)
             if head:

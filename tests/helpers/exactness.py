@@ -42,6 +42,29 @@ TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
 CASES = [(b, d) for b in ("gcn", "1gnn") for d in ("float64", "float32")]
 
 
+def gather_in_global_order(comm, logits: np.ndarray, global_id: np.ndarray):
+    """Every rank's logits rows (the server's: none) at the server in ascending global id ->
+    (logits, global ids); (None, None) elsewhere."""
+    parts = comm.gatherv_rows(logits)
+    ids = comm.gatherv_rows(global_id[:, None].astype(np.int64))
+    if not comm.is_server:
+        return None, None
+    order = np.concatenate([p[:, 0] for p in ids])
+    ordering = np.argsort(order)
+    return np.concatenate(parts)[ordering], order[ordering]
+
+
+def operator_logits(comm, gnn, operator, num_classes: int) -> np.ndarray:
+    """After a step on ``operator``: this client's logits of the operator's rows (eval mode,
+    float64); the server runs its side of the forward's exchanges and has no rows."""
+    if comm.is_server:
+        gnn.server_exchanges(operator.exchange, backward=False)
+        return np.zeros((0, num_classes))
+    gnn.model.eval()
+    return gnn.model(select_rows(gnn.x, operator.rows), operator,
+                     gnn.exchange).detach().numpy().astype(np.float64)
+
+
 def centralized_reference(shard_dir, backbone: str, dtype: str, layers: int, sampled=False):
     """The program's own centralized mode on the merged shards, outputs in global order; with
     ``sampled``, one step on the probe's fixed sample (logits of the sampled rows only)."""

@@ -15,20 +15,10 @@ import numpy as np
 from mpifgl.comm import world
 from mpifgl.config import TrainConfig
 from mpifgl.graph import ClientGraph
-from mpifgl.model import flat_grads, select_rows
+from mpifgl.model import flat_grads
 from fgl_common.shard_format import read_manifest
 from mpifgl.methods import build_trainer
-from tests.helpers.exactness import fixed_sample
-
-def gather_in_global_order(comm, logits, global_id, num_rows):
-    parts = comm.gatherv_rows(logits)
-    ids = comm.gatherv_rows(global_id[:, None].astype(np.int64))
-    if not comm.is_server:
-        return None, None
-    order = np.concatenate([p[:, 0] for p in ids])
-    stacked = np.concatenate(parts)
-    ordering = np.argsort(order)
-    return stacked[ordering], order[ordering]
+from tests.helpers.exactness import fixed_sample, gather_in_global_order, operator_logits
 
 
 def main(shard_dir: str, out: str, layers: int, exchange: str, buffer_mb: float) -> None:
@@ -47,8 +37,7 @@ def main(shard_dir: str, out: str, layers: int, exchange: str, buffer_mb: float)
             loss = gnn.loss_and_gradients(gnn.full_operator,
                                           gnn.setup.global_split_counts["train"])
             grads = flat_grads(gnn.model)
-            logits, _ = gather_in_global_order(comm, gnn.full_logits().numpy(),
-                                                                     graph.global_id, manifest.num_nodes)
+            logits, _ = gather_in_global_order(comm, gnn.full_logits().numpy(), graph.global_id)
             if comm.is_server:
                 results[f"{key}_loss"], results[f"{key}_grads"] = np.asarray(loss), grads
                 results[f"{key}_logits"] = logits
@@ -57,15 +46,9 @@ def main(shard_dir: str, out: str, layers: int, exchange: str, buffer_mb: float)
             operator, train_rows = gnn.operator_for_sample(own)
             loss = gnn.loss_and_gradients(operator, train_rows)
             grads = flat_grads(gnn.model)
-            if comm.is_server:
-                gnn.server_exchanges(operator.exchange, backward=False)
-                sampled_logits = np.zeros((0, manifest.num_classes))
-            else:
-                gnn.model.eval()
-                sampled_logits = gnn.model(select_rows(gnn.x, operator.rows), operator,
-                                           gnn.exchange).detach().numpy()
-            logits, ids = gather_in_global_order(comm, sampled_logits.astype(np.float64),
-                                                 graph.global_id[operator.rows], 0)
+            logits, ids = gather_in_global_order(
+                comm, operator_logits(comm, gnn, operator, manifest.num_classes),
+                graph.global_id[operator.rows])
             if comm.is_server:
                 results[f"sampled_{key}_loss"], results[f"sampled_{key}_grads"] = \
                     np.asarray(loss), grads

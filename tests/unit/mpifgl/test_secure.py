@@ -19,20 +19,18 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers.exactness import fixed_sample
+from tests.helpers.exactness import (TOLERANCE, assert_close, centralized_reference, fixed_sample,
+                                     gather_in_global_order, operator_logits)
 from tests.helpers.graphs import random_parts, write_shards
 from tests.helpers.thread_comm import ThreadComm, ThreadWorld
 from mpifgl import secure
 from mpifgl.config import TrainConfig
 from mpifgl.exchange import CrossClientExchange
 from mpifgl.graph import ClientGraph, build_operator
-from mpifgl.model import flat_grads, select_rows
-from mpifgl.sampling import NodeSample
-from fgl_common.shard_format import load_client_shard, read_manifest, shard_filename
-from mpifgl.communicator import Communicator, LocalComm
+from mpifgl.model import flat_grads
+from fgl_common.shard_format import read_manifest
+from mpifgl.communicator import Communicator
 from mpifgl.methods import build_trainer
-
-TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
 
 
 @pytest.fixture(autouse=True)
@@ -68,50 +66,16 @@ def one_step(comm, shard_dir, config: TrainConfig, sampled: bool):
     else:
         operator, train_rows = trainer.full_operator, trainer.setup.global_split_counts["train"]
     loss = trainer.loss_and_gradients(operator, train_rows)
-    if comm.is_server:
-        trainer.server_exchanges(operator.exchange, backward=False)
-        logits = np.zeros((0, manifest.num_classes))
-    else:
-        trainer.model.eval()
-        logits = trainer.model(select_rows(trainer.x, operator.rows), operator,
-                               trainer.exchange).detach().numpy().astype(np.float64)
-    parts = comm.gatherv_rows(logits)
-    ids = comm.gatherv_rows(graph.global_id[operator.rows][:, None].astype(np.int64)
-                            if comm.client_id >= 0 else np.zeros((0, 1), np.int64))
-    if not comm.is_server:
-        return None
-    order = np.concatenate([p[:, 0] for p in ids])
-    stacked = np.concatenate(parts)[np.argsort(order)]
-    return loss, flat_grads(trainer.model), stacked
+    logits, _ = gather_in_global_order(
+        comm, operator_logits(comm, trainer, operator, manifest.num_classes),
+        graph.global_id[operator.rows])
+    return (loss, flat_grads(trainer.model), logits) if comm.is_server else None
 
 
 def centralized(shard_dir, config: TrainConfig, sampled: bool):
-    manifest = read_manifest(shard_dir)
-    shards = [load_client_shard(shard_dir / shard_filename(i)) for i in range(manifest.num_clients)]
-    graph = ClientGraph.merged(shards)
-    trainer = build_trainer(config.replace(secure=False), LocalComm(), graph,
-                            manifest.num_classes).method
-    if sampled:
-        offsets = np.concatenate([[0], np.cumsum(manifest.client_sizes())])
-        samples = fixed_sample(manifest.client_sizes())
-        merged = NodeSample(np.concatenate([offsets[j] + s.index for j, s in enumerate(samples)]),
-                            np.concatenate([s.probability for s in samples]))
-        operator, train_rows = trainer.operator_for_sample(merged)
-    else:
-        operator, train_rows = trainer.full_operator, trainer.setup.global_split_counts["train"]
-    loss = trainer.loss_and_gradients(operator, train_rows)
-    trainer.model.eval()
-    logits = trainer.model(select_rows(trainer.x, operator.rows), operator, None).detach().numpy()
-    order = np.argsort(graph.global_id[operator.rows])
-    return loss, flat_grads(trainer.model), logits[order].astype(np.float64)
-
-
-def assert_close(found, expected, tolerance, what):
-    found, expected = np.asarray(found, np.float64), np.asarray(expected, np.float64)
-    assert found.shape == expected.shape, what
-    error = float(np.max(np.abs(found - expected))) if found.size else 0.0
-    scale = max(1.0, float(np.max(np.abs(expected)))) if expected.size else 1.0
-    assert error <= tolerance * scale, f"{what}: {error:.3e} > {tolerance:.0e} x {scale:.3g}"
+    """The program's centralized mode on the same model and step -> (loss, grads, logits)."""
+    return centralized_reference(shard_dir, config.backbone, config.dtype, config.layers,
+                                 sampled)[:3]
 
 
 # -- exactness ----------------------------------------------------------------------------------
@@ -141,10 +105,10 @@ def test_secure_with_one_row_chunks_equals_plain(toy_graph, tmp_path, backbone):
             assert_close(b, a, TOLERANCE[dtype], f"{backbone} {dtype} {name}")
 
 
-def exchange_on_plan(comm, shard_dir: Path, manifest, masked: bool, buffer_mb: float, dtype):
+def exchange_on_plan(comm, shard_dir: Path, masked: bool, buffer_mb: float, dtype):
     """This rank's compact exchange (masked or not) prepared on its full-graph plan, width 5
     -> (exchange, plan, the number of rows y has, the session or None)."""
-    graph = ClientGraph.for_rank(shard_dir, manifest, comm.client_id)
+    graph = ClientGraph.for_rank(shard_dir, read_manifest(shard_dir), comm.client_id)
     session = secure.SecureSession.agree(comm) if masked else None
     exchange = CrossClientExchange(comm, "compact", int(buffer_mb * 2 ** 20), 5, dtype, session)
     torch_dtype = torch.float64 if dtype == np.float64 else torch.float32
@@ -161,10 +125,9 @@ def test_masked_exchange_within_the_derived_bound(toy_graph, tmp_path, dtype, bu
     m * 2^-(e+1), e = k - 2 - ceil(log2 m) - ceil(log2 max|term|) (mpifgl.secure)."""
     num_clients = 4
     shard_dir = shards_for(toy_graph, tmp_path, num_clients, seed=2)
-    manifest = read_manifest(shard_dir)
 
     def body(comm, masked: bool):
-        exchange, plan, rows, session = exchange_on_plan(comm, shard_dir, manifest, masked,
+        exchange, plan, rows, session = exchange_on_plan(comm, shard_dir, masked,
                                                          buffer_mb, dtype)
         y = np.random.default_rng(comm.rank).normal(scale=30.0, size=(rows, 5)).astype(dtype)
         terms = plan.send_rows.matmul(y) if plan.send_rows is not None else np.zeros((0, 5))
@@ -186,10 +149,9 @@ def exchange_sequence(toy_graph, tmp_path, dtype, buffer_mb: float, scales: list
     (plain outputs by rank, masked outputs by rank, sessions by rank, max_to_all calls)."""
     num_clients = 4
     shard_dir = shards_for(toy_graph, tmp_path, num_clients, seed=2)
-    manifest = read_manifest(shard_dir)
 
     def body(comm, masked: bool):
-        exchange, plan, rows, session = exchange_on_plan(comm, shard_dir, manifest, masked,
+        exchange, plan, rows, session = exchange_on_plan(comm, shard_dir, masked,
                                                          buffer_mb, dtype)
         rng = np.random.default_rng(comm.rank)
         outputs, states = [], []
@@ -619,17 +581,17 @@ def fixed_session(comm) -> secure.SecureSession:
 def test_masked_exchange_is_bit_identical_to_the_reference(toy_graph, tmp_path, monkeypatch,
                                                            dtype, buffer_mb):
     """Fixed keys, one masked exchange: each client's words on the wire are a head row (its
-    exponent word, zeros) then reference_encode(terms) + the owners' keystreams, and each owner's rows are
-    reference_decode of the ring sum of every sender's encoded terms, bit for bit."""
+    exponent word, zeros) then reference_encode(terms) + the owners' keystreams, and each
+    owner's rows are reference_decode of the ring sum of every sender's encoded terms, bit for
+    bit."""
     num_clients = 4
     shard_dir = shards_for(toy_graph, tmp_path, num_clients, seed=2)
-    manifest = read_manifest(shard_dir)
     monkeypatch.setattr(secure.SecureSession, "agree", classmethod(
         lambda cls, comm: fixed_session(comm)))
     ring = secure.ring_of(np.dtype(dtype))
 
     def body(comm):
-        exchange, plan, rows, session = exchange_on_plan(comm, shard_dir, manifest, True,
+        exchange, plan, rows, session = exchange_on_plan(comm, shard_dir, True,
                                                          buffer_mb, dtype)
         y = np.random.default_rng(comm.rank).normal(scale=30.0, size=(rows, 5)).astype(dtype)
         exchange.start_pass("train")
