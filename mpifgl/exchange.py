@@ -41,6 +41,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from mpifgl import ring as ring_words
 from mpifgl.communicator import Communicator
 from mpifgl.graph import CrossExchangePlan, CSRArrays
 from mpifgl.secure import (EMPTY_EXPONENT, ExchangeMasks, SecureSession, ceil_exponent,
@@ -140,7 +141,7 @@ class CrossClientExchange:
             routing, own = plan.routing, plan.own_segment
             receive_chunks = [(routing.first_owned_row(c, own), int(routing.owned_rows(c)[own]))
                               for c in range(routing.num_chunks)]
-            routing.masks = self.masking.exchange_masks(plan, receive_chunks, self.wire_dtype)
+            routing.masks = self.masking.exchange_masks(plan, receive_chunks)
 
     def _prepare_dense(self, plan: CrossExchangePlan) -> Routing:
         total = int(plan.segment_rows.sum())
@@ -421,7 +422,10 @@ class CrossClientExchange:
         if head:
             head_rows = (np.cumsum(counts) - counts)[1:] // width  # each client's first row
             largest = int(np.max(word_exponent(gathered[head_rows, 0]), initial=EMPTY_EXPONENT))
-        return routing.sum_matrices[c].matmul(gathered), largest
+        pattern = routing.sum_matrices[c]
+        summed = np.empty((pattern.shape[0], width), dtype=self.wire_dtype)
+        return ring_words.sum_selected_rows(pattern.indptr, pattern.indices, gathered,
+                                            summed), largest
 
     def _masked_scatter_chunk(self, routing: Routing, c: int, summed: np.ndarray | None,
                               largest: int | None, used: int, exponent: int,
@@ -446,13 +450,12 @@ class CrossClientExchange:
             largest, received = int(word_exponent(received[:1])[0]), received[width:]
         if mine:
             # the scattered words are this rank's own buffer: unmasked in place. A failed
-            # attempt (chunk 0 beyond the range) is unmasked too, so that every sender's key
-            # stream and this owner's copy stay at the same byte, but not stored.
-            decoded = self.masking.unmask_rows(routing.masks, c, received.reshape(mine, width),
-                                               exponent, self.dtype)
-            if c > 0 or largest <= used:
-                first = routing.first_owned_row(c, own)
-                _store(result, receive_rows[first:first + mine], decoded, add)
+            # attempt (chunk 0 beyond the range) reads its streams too, so that every sender's
+            # key stream and this owner's copy stay at the same byte, but stores nothing.
+            first = routing.first_owned_row(c, own)
+            targets = receive_rows[first:first + mine] if c > 0 or largest <= used else None
+            self.masking.unmask_rows(routing.masks, c, received.reshape(mine, width), exponent,
+                                     result, targets, add)
         return largest
 
 

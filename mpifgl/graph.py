@@ -192,25 +192,18 @@ class CSRArrays:
         return CSRArrays(self.indptr, self.indices, np.asarray(self.data, dtype=numpy_dtype(dtype)),
                          self.shape).compact_indices()
 
-    def matmul(self, dense: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """self @ dense for a 2-D array of the data's dtype, by scipy's CSR kernel; with ``out``
-        (C-contiguous, [rows, d], that dtype) the product is added into it and it is returned.
-        Called on a fresh sampled operator six times a step, where the Python checks of scipy's
-        csr_matrix constructor and @ cost more than the product (docs/training.md)."""
+    def matmul(self, dense: np.ndarray) -> np.ndarray:
+        """self @ dense for a 2-D array of the data's dtype, by scipy's CSR kernel. Called on a
+        fresh sampled operator six times a step, where the Python checks of scipy's csr_matrix
+        constructor and @ cost more than the product (docs/training.md)."""
         dense = np.ascontiguousarray(dense, dtype=self.data.dtype)
         rows, cols = self.shape
+        if _csr_matvecs is None:
+            return sp.csr_matrix((self.data, self.indices, self.indptr), shape=self.shape) @ dense
         if dense.shape[0] != cols:
             raise ValueError(f"sparse product of a {rows} x {cols} matrix with "
                              f"{dense.shape[0]} rows")
-        if out is None:
-            out = np.zeros((rows, dense.shape[1]), dtype=dense.dtype)
-        elif (out.shape != (rows, dense.shape[1]) or out.dtype != dense.dtype
-              or not out.flags.c_contiguous):
-            raise ValueError(f"sparse product into a {out.shape} {out.dtype} array, expected a "
-                             f"C-contiguous ({rows}, {dense.shape[1]}) {dense.dtype} one")
-        if _csr_matvecs is None:
-            out += sp.csr_matrix((self.data, self.indices, self.indptr), shape=self.shape) @ dense
-            return out
+        out = np.zeros((rows, dense.shape[1]), dtype=dense.dtype)
         _csr_matvecs(rows, cols, dense.shape[1], self.indptr, self.indices, self.data,
                      dense.ravel(), out.ravel())
         return out

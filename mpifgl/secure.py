@@ -51,8 +51,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from mpifgl import ring as ring_words
 from mpifgl.communicator import Communicator
-from mpifgl.graph import CSRArrays
 
 log = logging.getLogger("mpifgl")
 
@@ -139,25 +139,23 @@ def sum_error_bound(ring: np.dtype, num_clients: int, max_abs: float) -> float:
     return num_clients * 2.0 ** (-e - 1)
 
 
-def _times_power_of_two(values: np.ndarray, exponent: int,
-                        out: np.ndarray | None = None) -> np.ndarray:
-    """values * 2^exponent in their own float type: exact (a power of two only shifts the
-    exponent); a multiply where 2^exponent is a normal number of that type, else ldexp."""
-    info = np.finfo(values.dtype)
-    if info.minexp < exponent < info.maxexp:
-        return np.multiply(values, values.dtype.type(2.0 ** exponent), out=out)
-    return np.ldexp(values, exponent, out=out)
+def _normal_power_of_two(exponent: int, dtype: np.dtype) -> bool:
+    """Whether 2^exponent is a normal number of the float type: multiplying by it is exact."""
+    info = np.finfo(dtype)
+    return bool(info.minexp < exponent < info.maxexp)
 
 
 def encode(values: np.ndarray, exponent: int, ring: np.dtype, num_clients: int,
-           out: np.ndarray | None = None, largest: int | None = None) -> np.ndarray:
+           out: np.ndarray | None = None, largest: int | None = None,
+           stream: np.ndarray | None = None) -> np.ndarray:
     """round(values * 2^exponent) in Z_2^k, after checking every term against the range. The
     float type of the run is kept (k = its width): the scaled values fit it exactly.
 
     ``out``: ring words of ``values``' size to write into (returned). ``largest``: the values'
     ``largest_exponent`` when the caller already has it; if it proves the range, the check
-    needs no pass over the values (a failing proof still runs the exact check)."""
-    values = np.asarray(values)
+    needs no pass over the values (a failing proof still runs the exact check). ``stream``:
+    keystream words of that size to add (the masked encoding, in the same pass)."""
+    values = np.ascontiguousarray(values)
     float_type = np.float32 if ring == np.uint32 else np.float64
     values = values.astype(float_type, copy=False)
     limit = term_limit(ring, num_clients)
@@ -174,9 +172,17 @@ def encode(values: np.ndarray, exponent: int, ring: np.dtype, num_clients: int,
                 "within it (the model diverged, or a rank reported a wrong maximum)")
     if out is None:
         out = np.empty(values.shape, dtype=ring)
-    scaled = _times_power_of_two(values, exponent)
+    normal = _normal_power_of_two(exponent, values.dtype)
+    if stream is not None and normal:
+        ring_words.encode_add(values, 2.0 ** exponent, stream, out)
+        return out
+    # scaling by a power of two is exact (ldexp where it is not a normal number of the type);
     # round and convert in one pass: the rounded values are exact integers within the ring
+    scaled = (np.multiply(values, values.dtype.type(2.0 ** exponent)) if normal
+              else np.ldexp(values, exponent))
     np.rint(scaled, out=out.view(SIGNED[ring]).reshape(values.shape), casting="unsafe")
+    if stream is not None:
+        np.add(out, stream.reshape(out.shape), out=out)
     return out
 
 
@@ -185,8 +191,7 @@ def decode(ring_values: np.ndarray, exponent: int, dtype: np.dtype,
     """Signed value of each ring element times 2^-exponent, in ``dtype`` (one rounding)."""
     signed = ring_values.view(SIGNED[ring_values.dtype])
     dtype = np.dtype(dtype)
-    info = np.finfo(dtype)
-    if info.minexp < -exponent < info.maxexp:
+    if _normal_power_of_two(-exponent, dtype):
         # the loop converts each word to dtype (the one rounding), then the exact scaling
         return np.multiply(signed, dtype.type(2.0 ** -exponent), out=out, dtype=dtype)
     return np.ldexp(signed.astype(dtype), -exponent, out=out)
@@ -256,9 +261,10 @@ class UnmaskChunk:
     # (sender, low, high): the sender's rows [low, high) of its send order for this owner (its
     # keystream rows) land in this chunk; their streams are read in this order, end to end
     senders: list[tuple[int, int, int]]
-    # [rows, sum of high - low], entries -1 in the ring: adds minus each keystream row to the
-    # receive row it masked, in one sparse product (no gather and scatter per sender)
-    removal: CSRArrays
+    # receive row r was masked by the keystream rows stream_rows[starts[r]:starts[r+1]] of
+    # those streams end to end (each removed in one pass, no gather and scatter per sender)
+    starts: np.ndarray
+    stream_rows: np.ndarray
 
 
 @dataclass
@@ -339,16 +345,14 @@ class SecureSession:
         return self._scratch[:size].view(ring)
 
     # -- the compact exchange -------------------------------------------------------------------
-    def exchange_masks(self, plan, receive_chunks: list[tuple[int, int]],
-                       ring: np.dtype) -> ExchangeMasks:
+    def exchange_masks(self, plan, receive_chunks: list[tuple[int, int]]) -> ExchangeMasks:
         """Per plan (mpifgl.graph.CrossExchangePlan): where this client's send rows of each owner
         start, and per chunk of its receive rows ((first, count) each) which senders' keystream
         rows it removes where."""
         starts = np.concatenate([[0], np.cumsum(plan.segment_rows)]).astype(np.int64)
         owner_first = np.searchsorted(plan.touched, starts).astype(np.int64)
         rows_from = self._rows_from(plan, owner_first)
-        chunks = [self._unmask_chunk(rows_from, first, count, ring)
-                  for first, count in receive_chunks]
+        chunks = [self._unmask_chunk(rows_from, first, count) for first, count in receive_chunks]
         term_bound = 0.0
         send = plan.send_rows
         if len(receive_chunks) > 1 and send is not None and send.data.size:
@@ -377,8 +381,7 @@ class SecureSession:
                 for i in range(m)]
 
     @staticmethod
-    def _unmask_chunk(rows_from: list[np.ndarray | None], first: int, count: int,
-                      ring: np.dtype) -> UnmaskChunk:
+    def _unmask_chunk(rows_from: list[np.ndarray | None], first: int, count: int) -> UnmaskChunk:
         senders, targets = [], []
         for i, rows in enumerate(rows_from):
             if rows is None:
@@ -388,12 +391,9 @@ class SecureSession:
                 senders.append((i, low, high))
                 targets.append(rows[low:high] - first)
         target = np.concatenate(targets) if targets else np.zeros(0, np.int64)
-        indptr = np.zeros(count + 1, dtype=np.int64)
-        np.cumsum(np.bincount(target, minlength=count), out=indptr[1:])
-        minus_one = np.full(target.shape[0], -1, dtype=SIGNED[np.dtype(ring)]).view(ring)
-        removal = CSRArrays(indptr, np.argsort(target, kind="stable"), minus_one,
-                            (count, int(target.shape[0]))).compact_indices()
-        return UnmaskChunk(first, count, senders, removal)
+        starts = np.zeros(count + 1, dtype=np.int64)
+        np.cumsum(np.bincount(target, minlength=count), out=starts[1:])
+        return UnmaskChunk(first, count, senders, starts, np.argsort(target, kind="stable"))
 
     def exchange_range(self, comm: Communicator, slot: Hashable, needed: int) -> int:
         """The range exponent of this use of an exchange slot: the lagged one, or on the slot's
@@ -423,15 +423,12 @@ class SecureSession:
         zeros stand in for them. ``largest``: the terms' largest_exponent, if known (encode)."""
         if out is None:
             out = np.empty(rows.size, dtype=ring)
-        encoded = out.reshape(rows.shape)
-        if in_range:
-            encode(rows, exponent, ring, self.num_clients, out=encoded, largest=largest)
-        else:
-            encoded.fill(0)
+        masked = out.reshape(rows.shape)
         if not rows.size:
-            return encoded
+            return masked
         send_high = send_low + rows.shape[0]
-        # the rows are owner by owner: each owner's next keystream rows, end to end, then one add
+        # the rows are owner by owner: each owner's next keystream rows, end to end, then the
+        # encoding adds them in its one pass
         streams = self._words(rows.size, ring).reshape(rows.shape)
         covered = 0
         for j, stream in self._to.items():
@@ -442,23 +439,43 @@ class SecureSession:
                                  self.stream_log)
                 covered += high - low
         assert covered == rows.shape[0], "a client's touched rows lie in other clients' segments"
-        np.add(encoded, streams, out=encoded)
-        return encoded
+        if in_range:
+            encode(rows, exponent, ring, self.num_clients, out=masked, largest=largest,
+                   stream=streams)
+        else:
+            masked[...] = streams
+        return masked
 
     def unmask_rows(self, masks: ExchangeMasks, chunk: int, received: np.ndarray,
-                    exponent: int, dtype: np.dtype) -> np.ndarray:
-        """The ring sums [r, d] of this owner's receive rows of ``chunk`` (its buffer, unmasked
-        in place: each sender's next keystream rows subtracted from the rows they masked),
-        decoded -> float [r, d]."""
+                    exponent: int, result: np.ndarray, targets: np.ndarray | None,
+                    add: bool = False) -> None:
+        """This owner's receive rows of ``chunk``: from each (its buffer ``received`` [r, d], in
+        place) subtract the next keystream rows of the senders that masked it, decode the ring
+        sum and write it into result[targets[k]] (add it there when ``add``). ``targets`` None
+        (a failed attempt): only read the streams, so that this owner stays level with its
+        senders' copies of them."""
         part = masks.chunks[chunk]
         width = received.shape[1]
-        streams = self._words(part.removal.shape[1] * width, received.dtype).reshape(-1, width)
+        streams = self._words(part.stream_rows.shape[0] * width,
+                              received.dtype).reshape(-1, width)
         at = 0
         for i, low, high in part.senders:
             self._from[i].read_into(streams[at:at + high - low], "unmask", self.stream_log)
             at += high - low
-        part.removal.matmul(streams, out=received)
-        return decode(received, exponent, dtype)
+        if targets is None:
+            return
+        if _normal_power_of_two(-exponent, result.dtype):
+            ring_words.unmask_decode(part.starts, part.stream_rows, streams, received,
+                                     2.0 ** -exponent, targets, result, add)
+            return
+        decoded = np.empty(received.shape, dtype=result.dtype)  # scale by ldexp afterwards
+        ring_words.unmask_decode(part.starts, part.stream_rows, streams, received, 1.0,
+                                 np.arange(received.shape[0]), decoded, False)
+        np.ldexp(decoded, -exponent, out=decoded)
+        if add:
+            result[targets] += decoded
+        else:
+            result[targets] = decoded
 
     # -- sums over clients (weight gradients and loss, counts) ----------------------------------
     def _zero_sum_mask(self, encoded: np.ndarray) -> np.ndarray:

@@ -1,0 +1,101 @@
+"""``--secure``'s word arithmetic in Z_2^k, as compiled loops: each runs in one pass over the
+words where numpy needs several (scale, round, convert, add a keystream) or a sparse product that
+multiplies every word by 1 (scipy's integer kernel, slower than its float one).
+
+The loops work on the signed view of the ring words (int32 for Z_2^32, int64 for Z_2^64): their
+additions wrap, which is the ring's addition, and a rounded float converts to them exactly
+while it lies within the range the caller checked. numba compiles a loop on its first call
+(cached beside this file), so runs without --secure never import it.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+
+def _compiled(loop):
+    """numba.njit(loop) on the first call: importing numba costs each rank a noticeable part of
+    a second, and only --secure runs need it."""
+    compiled = None
+
+    @functools.wraps(loop)
+    def call(*args):
+        nonlocal compiled
+        if compiled is None:
+            import numba
+            compiled = numba.njit(cache=True, nogil=True)(loop)
+        return compiled(*args)
+
+    return call
+
+
+@_compiled
+def _encode_add(values, scale, stream, out):
+    for k in range(values.shape[0]):
+        out[k] = np.rint(values[k] * scale)  # an exact integer within the checked range
+        out[k] += stream[k]
+
+
+@_compiled
+def _sum_selected_rows(indptr, indices, rows, out):
+    width = rows.shape[1]
+    for r in range(indptr.shape[0] - 1):
+        total = out[r]
+        total[:] = 0
+        for k in range(indptr[r], indptr[r + 1]):
+            row = rows[indices[k]]
+            for c in range(width):
+                total[c] += row[c]
+
+
+@_compiled
+def _unmask_decode(indptr, indices, streams, received, unscale, targets, result, add):
+    width = received.shape[1]
+    decoded = np.empty(width, result.dtype)
+    for r in range(indptr.shape[0] - 1):
+        words = received[r]
+        for k in range(indptr[r], indptr[r + 1]):
+            stream = streams[indices[k]]
+            for c in range(width):
+                words[c] -= stream[c]
+        for c in range(width):  # to the float type first (the one rounding), then exact
+            decoded[c] = words[c]
+            decoded[c] *= unscale
+        target = result[targets[r]]
+        if add:
+            for c in range(width):
+                target[c] += decoded[c]
+        else:
+            target[:] = decoded
+
+
+def signed(words: np.ndarray) -> np.ndarray:
+    """The signed integer view of ring words (int32 of uint32, int64 of uint64)."""
+    return words.view(np.int32 if words.dtype.itemsize == 4 else np.int64)
+
+
+def encode_add(values: np.ndarray, scale: float, stream: np.ndarray, out: np.ndarray) -> None:
+    """out = round(values * scale) + stream in the ring, element by element (flat views of equal
+    size). ``scale`` is a power of two, normal in the values' float type, and every
+    |values * scale| lies within the ring's signed range (the caller checked)."""
+    _encode_add(values.reshape(-1), values.dtype.type(scale), signed(stream).reshape(-1),
+                signed(out).reshape(-1))
+
+
+def sum_selected_rows(indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray,
+                      out: np.ndarray) -> np.ndarray:
+    """out[r] = the ring sum of rows[indices[k]] for k in indptr[r]..indptr[r+1]-1, added in
+    that order (a 0/1 matrix's product without its multiplies) -> out."""
+    _sum_selected_rows(indptr, indices, signed(rows), signed(out))
+    return out
+
+
+def unmask_decode(indptr: np.ndarray, indices: np.ndarray, streams: np.ndarray,
+                  received: np.ndarray, unscale: float, targets: np.ndarray, result: np.ndarray,
+                  add: bool) -> None:
+    """Per received row r: subtract from it (in place) the stream rows streams[indices[k]], k in
+    indptr[r]..indptr[r+1]-1, then write its signed value times ``unscale`` (a normal power of
+    two of result's float type) into result[targets[r]], or add it there when ``add``."""
+    _unmask_decode(indptr, indices, signed(streams), signed(received),
+                   result.dtype.type(unscale), targets, result, add)
