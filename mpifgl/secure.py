@@ -478,14 +478,18 @@ class SecureSession:
             result[targets] = decoded
 
     # -- sums over clients (weight gradients and loss, counts) ----------------------------------
-    def _zero_sum_mask(self, encoded: np.ndarray) -> np.ndarray:
-        """Add this client's share of the pairwise masks that cancel in the total (in place)."""
-        stream_words = self._words(encoded.shape[0], encoded.dtype)
+    def _zero_sum_words(self, count: int, ring: np.dtype) -> np.ndarray:
+        """This client's share of the pairwise masks that cancel in the total over all clients:
+        keystream(k_ij) added for each j > i, subtracted for each j < i -> ``count`` ring words
+        (this session's scratch, valid until its next use)."""
+        words = self._words(2 * count, ring)
+        total, stream_words = words[:count], words[count:]
+        total.fill(0)
         for j, stream in self._pair.items():
             adding = self.client_id < j
             stream.read_into(stream_words, "add" if adding else "subtract", self.stream_log)
-            (np.add if adding else np.subtract)(encoded, stream_words, out=encoded)
-        return encoded
+            (np.add if adding else np.subtract)(total, stream_words, out=total)
+        return total
 
     def sum_to_all(self, comm: Communicator, values: np.ndarray,
                    segments: list[int] | None = None) -> np.ndarray:
@@ -499,7 +503,7 @@ class SecureSession:
         next use and whether a term outgrew this one (then the sum runs again)."""
         values = np.ascontiguousarray(values)
         if values.dtype == np.int64:
-            masked = self._zero_sum_mask(values.view(np.uint64).copy())
+            masked = values.view(np.uint64) + self._zero_sum_words(values.shape[0], np.uint64)
             return comm.sum_to_all(masked).view(np.int64)
         ring, m = ring_of(values.dtype), self.num_clients
         bounds = np.cumsum([0] + list(segments or [values.shape[0]]))
@@ -515,17 +519,17 @@ class SecureSession:
         message = np.empty(size + len(pieces) * HISTOGRAM_WORDS, dtype=ring)
         while True:
             scales = [scale_exponent(ring, m, int(u)) for u in used]
+            masks = self._zero_sum_words(size, ring)
             for a, b, p, e, n, u in zip(bounds[:-1], bounds[1:], pieces, scales, needed, used):
                 if n <= u:
-                    encode(p, e, ring, m, out=message[a:b], largest=int(n))
+                    encode(p, e, ring, m, out=message[a:b], largest=int(n), stream=masks[a:b])
                 else:
-                    message[a:b] = 0
+                    message[a:b] = masks[a:b]
             tail = message[size:].reshape(len(pieces), HISTOGRAM_WORDS)
             tail.fill(0)
             for k, (n, u) in enumerate(zip(needed, used)):
                 if n != EMPTY_EXPONENT:
                     tail[k, int(np.clip(n - u + HISTOGRAM_AT_RANGE, 0, HISTOGRAM_WORDS - 1))] = 1
-            self._zero_sum_mask(message[:size])
             total = comm.sum_to_all(message)
             histogram = total[size:].reshape(len(pieces), HISTOGRAM_WORDS)
             if histogram[:, -1].any():  # an exponent beyond the window: ask for it exactly
@@ -549,5 +553,5 @@ class SecureSession:
         """Collective: the sum of integer-valued float64 counts at the server (None
         elsewhere), masked like ``sum_to_all``."""
         encoded = np.rint(np.asarray(counts, dtype=np.float64)).astype(np.int64).view(np.uint64)
-        total = comm.sum_to_server(self._zero_sum_mask(encoded.copy()))
+        total = comm.sum_to_server(encoded + self._zero_sum_words(encoded.shape[0], np.uint64))
         return None if total is None else total.view(np.int64).astype(np.float64)
