@@ -449,14 +449,26 @@ def test_whole_run_reads_every_key_stream_once_and_writes_no_key(toy_graph, tmp_
     assert json.loads((out / "config.json").read_text())["secure"] is True
 
 
-def test_a_key_stream_continues_across_reads_and_keys_differ():
-    """Reads of any sizes, end to end, are one AES-128-CTR keystream of the key from counter
-    block 0 (so a chunked exchange masks each row with the bytes of its position); another key
-    gives another stream; the log records byte ranges, never the key."""
+def aes_ctr_stream(key: bytes, count: int,
+                   segment_bytes: int = secure.SEGMENT_BYTES) -> np.ndarray:
+    """``count`` bytes of a key stream by its definition: AES-128-CTR, segment s from counter
+    block (s as 12 big-endian bytes) || 2, a new segment every ``segment_bytes``."""
     from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+    pieces = []
+    for segment in range(-(-count // segment_bytes)):
+        block = segment.to_bytes(12, "big") + (2).to_bytes(4, "big")
+        size = min(segment_bytes, count - segment * segment_bytes)
+        pieces.append(Cipher(algorithms.AES(key), modes.CTR(block)).encryptor()
+                      .update(bytes(size)))
+    return np.frombuffer(b"".join(pieces), dtype=np.uint8)
+
+
+def test_a_key_stream_continues_across_reads_and_keys_differ():
+    """Reads of any sizes, end to end, are one AES-128-CTR keystream of the key (so a chunked
+    exchange masks each row with the bytes of its position); another key gives another stream;
+    the log records byte ranges, never the key."""
     key = b"k" * secure.KEY_BYTES
-    whole = np.frombuffer(Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
-                          .update(bytes(8000)), dtype=np.uint8)
+    whole = aes_ctr_stream(key, 8000)
     stream, log = secure.KeyStream(key, ("exchange", 0, 1)), []
     parts = [np.empty(n, dtype=np.uint32) for n in (1, 3, 250, 1, 745)]
     for part in parts:
@@ -472,6 +484,20 @@ def test_a_key_stream_continues_across_reads_and_keys_differ():
     assert np.mean(other == np.concatenate(parts)) < 0.01
     with pytest.raises(ValueError, match="a 32-byte stream key, expected 16"):
         secure.KeyStream(b"k" * 32, ())
+
+
+def test_a_key_stream_takes_a_new_nonce_every_segment(monkeypatch):
+    """Past SEGMENT_BYTES a stream goes on under the next nonce (no counter block of a nonce is
+    used twice), also when one read spans several segments."""
+    monkeypatch.setattr(secure, "SEGMENT_BYTES", 48)
+    key = b"s" * secure.KEY_BYTES
+    stream, parts = secure.KeyStream(key, ()), []
+    for words in (5, 7, 40, 1, 3):  # 4-byte words: reads across 0, 1 and several boundaries
+        parts.append(np.empty(words, dtype=np.uint32))
+        stream.read_into(parts[-1], "mask", None)
+    got = np.concatenate(parts).view(np.uint8)
+    np.testing.assert_array_equal(got, aes_ctr_stream(key, got.size, segment_bytes=48))
+    assert not np.array_equal(got[:48], got[48:96])
 
 
 def test_a_session_refuses_to_be_pickled():
@@ -555,10 +581,8 @@ def reference_decode(words: np.ndarray, exponent: int, dtype) -> np.ndarray:
 
 def reference_keystream(key: bytes, byte_offset: int, count: int, ring: np.dtype) -> np.ndarray:
     """``count`` ring words of the key's AES-128-CTR stream from ``byte_offset`` on."""
-    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-    encryptor = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
-    stream = encryptor.update(bytes(byte_offset + count * ring.itemsize))
-    return np.frombuffer(stream[byte_offset:], dtype=ring)
+    stream = aes_ctr_stream(key, byte_offset + count * ring.itemsize)
+    return stream[byte_offset:].view(ring)
 
 
 def fixed_key(label: str) -> bytes:
