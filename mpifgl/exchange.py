@@ -36,6 +36,7 @@ the ring by the server; each owner removes the masks (mpifgl.secure, docs/privac
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
 
 import numpy as np
@@ -80,12 +81,24 @@ class Routing:
 
     def gathered_rows(self, c: int) -> np.ndarray:
         """Per rank, how many rows it sends in chunk c's Gatherv (0 for the server); server only."""
-        return np.concatenate([[0], np.diff(self.sender_bounds[:, c:c + 2])[:, 0]])
+        return self._gathered[c]
 
     def owned_rows(self, c: int) -> np.ndarray:
         """Per owner, how many of its sum rows chunk c holds."""
-        low, high = int(self.row_bounds[c]), int(self.row_bounds[c + 1])
-        return np.clip(self.owner_start[1:], low, high) - np.clip(self.owner_start[:-1], low, high)
+        return self._owned[c]
+
+    # once per plan, not per exchange: every layer and direction asks for the same counts
+    @cached_property
+    def _gathered(self) -> np.ndarray:  # [k, size]
+        per_sender = np.diff(self.sender_bounds, axis=1).T
+        return _read_only(np.concatenate([np.zeros((per_sender.shape[0], 1), np.int64),
+                                          per_sender], axis=1))
+
+    @cached_property
+    def _owned(self) -> np.ndarray:  # [k, m]
+        low, high = self.row_bounds[:-1, None], self.row_bounds[1:, None]
+        return _read_only(np.clip(self.owner_start[None, 1:], low, high)
+                          - np.clip(self.owner_start[None, :-1], low, high))
 
     def first_owned_row(self, c: int, owner: int) -> int:
         """Index, among ``owner``'s sum rows, of its first row in chunk c."""
@@ -457,6 +470,11 @@ class CrossClientExchange:
             self.masking.unmask_rows(routing.masks, c, received.reshape(mine, width), exponent,
                                      result, targets, add)
         return largest
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
 
 
 def _store(result: np.ndarray, rows, block: np.ndarray, add: bool) -> None:

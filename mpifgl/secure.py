@@ -512,8 +512,9 @@ class SecureSession:
     def sum_to_all(self, comm: Communicator, values: np.ndarray,
                    segments: list[int] | None = None) -> np.ndarray:
         """Collective: the sum over ranks of a 1-D float vector (one scale per segment of
-        ``segments`` lengths, default one) or int64 vector (exact, in Z_2^64), identical on
-        every rank; the server and relaying ranks see only masked ring words.
+        ``segments`` lengths, default one; the server's share must be zeros) or int64 vector
+        (exact, in Z_2^64), identical on every rank; the server and relaying ranks see only
+        masked ring words.
 
         Floats: one collective in the common case. Each segment's scale comes from its last
         use (lagged range), and an unmasked tail of HISTOGRAM_WORDS words per segment counts
@@ -526,7 +527,12 @@ class SecureSession:
         ring, m = ring_of(values.dtype), self.num_clients
         bounds = np.cumsum([0] + list(segments or [values.shape[0]]))
         pieces = [values[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-        needed = np.asarray([largest_exponent(p) for p in pieces], dtype=np.int64)
+        # the server holds no key and no terms: it adds zeros, unencoded (it is on every
+        # client's critical path)
+        holds_terms = self.client_id >= 0
+        assert holds_terms or not values.any(), "the server's share of a masked sum is zeros"
+        needed = np.asarray([largest_exponent(p) if holds_terms else EMPTY_EXPONENT
+                             for p in pieces], dtype=np.int64)
         slot = ("sum", tuple(p.shape[0] for p in pieces))
         if slot in self.agreed_exponents:
             used = np.asarray([lagged_range(b) for b in self.agreed_exponents[slot]], np.int64)
@@ -537,9 +543,11 @@ class SecureSession:
         message = np.empty(size + len(pieces) * HISTOGRAM_WORDS, dtype=ring)
         while True:
             scales = [scale_exponent(ring, m, int(u)) for u in used]
-            masks = self._zero_sum_words(size, ring)
+            masks = self._zero_sum_words(size, ring) if holds_terms else None
             for a, b, p, e, n, u in zip(bounds[:-1], bounds[1:], pieces, scales, needed, used):
-                if n <= u:
+                if not holds_terms:
+                    message[a:b] = 0
+                elif n <= u:
                     encode(p, e, ring, m, out=message[a:b], largest=int(n), stream=masks[a:b])
                 else:
                     message[a:b] = masks[a:b]

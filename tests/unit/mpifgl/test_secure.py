@@ -252,8 +252,8 @@ def test_masked_sums_learn_their_range_from_the_histogram(toy_graph, tmp_path):
 
     def diverged(comm):
         session = secure.SecureSession.agree(comm)
-        session.sum_to_all(comm, np.ones(4), [4])
-        bad = np.full(4, np.nan) if comm.client_id == 0 else np.ones(4)
+        session.sum_to_all(comm, np.ones(4) if comm.is_client else np.zeros(4), [4])
+        bad = np.full(4, np.nan) if comm.client_id == 0 else np.ones(4) * comm.is_client
         return session.sum_to_all(comm, bad, [4])
 
     with pytest.raises(secure.FixedPointOverflow, match="expected a finite number"):
