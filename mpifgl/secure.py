@@ -143,10 +143,15 @@ def sum_error_bound(ring: np.dtype, num_clients: int, max_abs: float) -> float:
     return num_clients * 2.0 ** (-e - 1)
 
 
+# per float type, the exponents e (exclusive bounds) for which 2^e is a normal number
+_NORMAL_EXPONENTS = {np.dtype(t): (int(np.finfo(t).minexp), int(np.finfo(t).maxexp))
+                     for t in (np.float32, np.float64)}
+
+
 def _normal_power_of_two(exponent: int, dtype: np.dtype) -> bool:
     """Whether 2^exponent is a normal number of the float type: multiplying by it is exact."""
-    info = np.finfo(dtype)
-    return bool(info.minexp < exponent < info.maxexp)
+    low, high = _NORMAL_EXPONENTS[np.dtype(dtype)]
+    return low < exponent < high
 
 
 def encode(values: np.ndarray, exponent: int, ring: np.dtype, num_clients: int,
@@ -555,7 +560,7 @@ class SecureSession:
             tail.fill(0)
             for k, (n, u) in enumerate(zip(needed, used)):
                 if n != EMPTY_EXPONENT:
-                    tail[k, int(np.clip(n - u + HISTOGRAM_AT_RANGE, 0, HISTOGRAM_WORDS - 1))] = 1
+                    tail[k, min(max(int(n - u) + HISTOGRAM_AT_RANGE, 0), HISTOGRAM_WORDS - 1)] = 1
             total = comm.sum_to_all(message)
             histogram = total[size:].reshape(len(pieces), HISTOGRAM_WORDS)
             if histogram[:, -1].any():  # an exponent beyond the window: ask for it exactly
