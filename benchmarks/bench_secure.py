@@ -4,7 +4,7 @@ interleaved in one invocation (issue 14 measures amazon-computers with 8 clients
     . .venv/bin/activate
     python -m data_prep --dataset amazon-computers --num-clients 8 \\
         --data-root /work/shared/data --out /tmp/ac8          # once
-    python benchmarks/bench_secure.py --shards /tmp/ac8 [--epochs 10] [--repeats 3] \\
+    python benchmarks/bench_secure.py --shards /tmp/ac8 [--epochs 30] [--repeats 3] \\
         [--dtype float32] [--work /tmp/mpifgl-bench-secure]
 
 Each round runs ``plain`` (``--exchange compact``) then ``secure`` (the same with --secure), the
@@ -45,7 +45,8 @@ STEPS_PER_EPOCH = 4  # the default s = ceil(n/4)
 class SecureBenchArgs:
     shards: Path = option(None, "shard directory (python -m data_prep ...; issue 14: "
                                 "amazon-computers, 8 clients)", required=True)
-    epochs: int = option(10, "epochs per run (the first and last are not measured)")
+    # 28 measured epochs: a run's mean then drifts less with the machine's speed than over 8
+    epochs: int = option(30, "epochs per run (the first and last are not measured)")
     repeats: int = option(3, "interleaved rounds of plain then secure")
     dtype: str = option("float32", "floating point type of the runs", ("float32", "float64"))
     work: Path = option(Path("/tmp/mpifgl-bench-secure"), "run directories go here")
