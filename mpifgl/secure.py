@@ -172,11 +172,13 @@ def encode(values: np.ndarray, exponent: int, ring: np.dtype, num_clients: int,
     proven = (largest is not None and
               (largest == EMPTY_EXPONENT or largest + exponent <= limit_bits))
     if values.size and not proven:
-        largest_abs = float(max(values.max(), -values.min())) * 2.0 ** exponent
-        if not largest_abs <= limit:  # also catches NaN
+        largest_value = float(max(values.max(), -values.min()))
+        # compared as largest_value <= limit * 2^-exponent: 2^exponent itself may overflow a
+        # float where the values are tiny (and NaN fails the comparison)
+        if not largest_value <= math.ldexp(limit, -exponent):
             raise FixedPointOverflow(
-                f"--secure: a value of magnitude {largest_abs * 2.0 ** -exponent:.6g} exceeds the "
-                f"fixed-point range {limit * 2.0 ** -exponent:.6g} agreed for this sum "
+                f"--secure: a value of magnitude {largest_value:.6g} exceeds the "
+                f"fixed-point range {math.ldexp(limit, -exponent):.6g} agreed for this sum "
                 f"(ring Z_2^{8 * ring.itemsize}, scale 2^{exponent}); expected finite values "
                 "within it (the model diverged, or a rank reported a wrong maximum)")
     if out is None:

@@ -723,3 +723,38 @@ def test_masked_sum_is_bit_identical_to_the_reference(dtype):
         assert float_sum.dtype == expected.dtype
         np.testing.assert_array_equal(float_sum.view(ring), expected.view(ring))
         np.testing.assert_array_equal(count_sum, expected_counts)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("tiny", [False, True])
+def test_masking_and_unmasking_rows_equal_the_reference_at_any_scale(dtype, tiny):
+    """mask_rows and unmask_rows against reference_encode / reference_decode and the AES-CTR
+    definition, word for word: at an ordinary scale (the compiled loops) and at one where 2^e
+    is not a normal number of the float type (the ldexp path)."""
+    ring = secure.ring_of(dtype)
+    exponent = np.finfo(dtype).maxexp + 3 if tiny else 20  # 2^e beyond the type's normal range
+    sender = secure.SecureSession(1, 2, {0: fixed_key("1->0")}, {0: fixed_key("0->1")},
+                                  {0: fixed_key("pair")})
+    owner = secure.SecureSession(0, 2, {1: fixed_key("0->1")}, {1: fixed_key("1->0")},
+                                 {1: fixed_key("pair")})
+    rng = np.random.default_rng(3)
+    width = 3
+    terms = (rng.uniform(-1, 1, (4, width)) * 2.0 ** (20 - exponent)).astype(dtype)
+    # the sender's 4 touched rows all lie in owner 0's segment; they land on the owner's
+    # receive rows 0, 1, 3, 4 (row 2 is another sender's, absent here)
+    sent = sender.mask_rows(secure.ExchangeMasks(np.asarray([0, 4, 4])), 0, terms, exponent, ring)
+    stream = reference_keystream(fixed_key("1->0"), 0, terms.size, ring).reshape(terms.shape)
+    np.testing.assert_array_equal(sent, reference_encode(terms, exponent, ring) + stream)
+    chunk = secure.UnmaskChunk(0, 5, [(1, 0, 4)], np.asarray([0, 1, 2, 2, 3, 4]),
+                               np.arange(4))
+    received = np.zeros((5, width), dtype=ring)
+    received[[0, 1, 3, 4]] = sent
+    result = np.full((7, width), 9.0, dtype=dtype)
+    targets = np.asarray([6, 0, 2, 5, 1])
+    owner.unmask_rows(secure.ExchangeMasks(np.zeros(3, np.int64), chunks=[chunk]), 0, received,
+                      exponent, result, targets)
+    expected = np.full((7, width), 9.0, dtype=dtype)
+    expected[targets[[0, 1, 3, 4]]] = reference_decode(reference_encode(terms, exponent, ring),
+                                                      exponent, dtype)
+    expected[targets[2]] = 0.0
+    np.testing.assert_array_equal(result, expected)
