@@ -436,9 +436,7 @@ class CrossClientExchange:
             head_rows = (np.cumsum(counts) - counts)[1:] // width  # each client's first row
             largest = int(np.max(word_exponent(gathered[head_rows, 0]), initial=EMPTY_EXPONENT))
         pattern = routing.sum_matrices[c]
-        summed = np.empty((pattern.shape[0], width), dtype=self.wire_dtype)
-        return ring_words.sum_selected_rows(pattern.indptr, pattern.indices, gathered,
-                                            summed), largest
+        return ring_words.sum_selected_rows(pattern.indptr, pattern.indices, gathered), largest
 
     def _masked_scatter_chunk(self, routing: Routing, c: int, summed: np.ndarray | None,
                               largest: int | None, used: int, exponent: int,

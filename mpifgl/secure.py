@@ -34,9 +34,10 @@ Compact exchange masks: sender i adds to the terms it sends for owner j the next
 stream of k_{i->j}, row by row (rows in ascending S-position: the order of i's touched rows
 inside j's segment, which chunking only cuts, never reorders). The server adds masked terms in
 the ring; owner j knows from its own cross block which of its rows each sender touches, in the
-same order (A_ij = A_ji^T), reads the same words and subtracts them from those rows. Weight gradients, the loss and
-the evaluation's counts: zero-sum pairwise masks (client i adds keystream(k_{ij}) for j > i and
-subtracts it for j < i), cancelling only in the total over all clients.
+same order (A_ij = A_ji^T), reads the same words and subtracts them from those rows. Weight
+gradients, the loss and the evaluation's counts: zero-sum pairwise masks (client i adds
+keystream(k_{ij}) for j > i and subtracts it for j < i), cancelling only in the total over all
+clients.
 """
 from __future__ import annotations
 
@@ -53,12 +54,12 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from mpifgl import ring as ring_words
+from mpifgl.ring import SIGNED, normal_power_of_two
 from mpifgl.communicator import Communicator
 
 log = logging.getLogger("mpifgl")
 
 RING_DTYPES = {np.dtype(np.float32): np.dtype(np.uint32), np.dtype(np.float64): np.dtype(np.uint64)}
-SIGNED = {np.dtype(np.uint32): np.dtype(np.int32), np.dtype(np.uint64): np.dtype(np.int64)}
 # AES-128: the 128-bit security level of the X25519 agreement the keys come from
 KEY_BYTES = 16
 SALT_BYTES = 32
@@ -143,17 +144,6 @@ def sum_error_bound(ring: np.dtype, num_clients: int, max_abs: float) -> float:
     return num_clients * 2.0 ** (-e - 1)
 
 
-# per float type, the exponents e (exclusive bounds) for which 2^e is a normal number
-_NORMAL_EXPONENTS = {np.dtype(t): (int(np.finfo(t).minexp), int(np.finfo(t).maxexp))
-                     for t in (np.float32, np.float64)}
-
-
-def _normal_power_of_two(exponent: int, dtype: np.dtype) -> bool:
-    """Whether 2^exponent is a normal number of the float type: multiplying by it is exact."""
-    low, high = _NORMAL_EXPONENTS[np.dtype(dtype)]
-    return low < exponent < high
-
-
 def encode(values: np.ndarray, exponent: int, ring: np.dtype, num_clients: int,
            out: np.ndarray | None = None, largest: int | None = None,
            stream: np.ndarray | None = None) -> np.ndarray:
@@ -183,17 +173,14 @@ def encode(values: np.ndarray, exponent: int, ring: np.dtype, num_clients: int,
                 "within it (the model diverged, or a rank reported a wrong maximum)")
     if out is None:
         out = np.empty(values.shape, dtype=ring)
-    normal = _normal_power_of_two(exponent, values.dtype)
-    if stream is not None and normal:
-        ring_words.encode_add(values, 2.0 ** exponent, stream, out)
+    if stream is not None:
+        ring_words.encode_add(values, exponent, stream, out)
         return out
     # scaling by a power of two is exact (ldexp where it is not a normal number of the type);
     # round and convert in one pass: the rounded values are exact integers within the ring
-    scaled = (np.multiply(values, values.dtype.type(2.0 ** exponent)) if normal
-              else np.ldexp(values, exponent))
+    scaled = (np.multiply(values, values.dtype.type(2.0 ** exponent))
+              if normal_power_of_two(exponent, values.dtype) else np.ldexp(values, exponent))
     np.rint(scaled, out=out.view(SIGNED[ring]).reshape(values.shape), casting="unsafe")
-    if stream is not None:
-        np.add(out, stream.reshape(out.shape), out=out)
     return out
 
 
@@ -202,7 +189,7 @@ def decode(ring_values: np.ndarray, exponent: int, dtype: np.dtype,
     """Signed value of each ring element times 2^-exponent, in ``dtype`` (one rounding)."""
     signed = ring_values.view(SIGNED[ring_values.dtype])
     dtype = np.dtype(dtype)
-    if _normal_power_of_two(-exponent, dtype):
+    if normal_power_of_two(-exponent, dtype):
         # the loop converts each word to dtype (the one rounding), then the exact scaling
         return np.multiply(signed, dtype.type(2.0 ** -exponent), out=out, dtype=dtype)
     return np.ldexp(signed.astype(dtype), -exponent, out=out)
@@ -243,8 +230,9 @@ class KeyStream:
 
     Segment s of SEGMENT_BYTES is AES-CTR from counter block nonce(s) || 2 with a 32-bit block
     counter, nonce(s) = s in 12 big-endian bytes: exactly what AES-GCM encrypts a plaintext with,
-    so OpenSSL's GCM code makes it (its wide-vector AES path is about twice as fast as its CTR
-    path on current x86 CPUs); the encryption of zeros is the keystream, and no tag is made."""
+    so OpenSSL's GCM code makes it (its wide-vector AES path is faster than its CTR path on
+    current x86 CPUs; docs/privacy.md); the encryption of zeros is the keystream, and no tag is
+    made."""
 
     def __init__(self, key: bytes, label: tuple):
         if len(key) != KEY_BYTES:
@@ -279,10 +267,8 @@ class KeyStream:
 
 @dataclass
 class UnmaskChunk:
-    """What an owner needs to unmask one chunk of its receive rows [first, first + rows)."""
+    """What an owner needs to unmask one chunk of its receive rows."""
 
-    first: int
-    rows: int
     # (sender, low, high): the sender's rows [low, high) of its send order for this owner (its
     # keystream rows) land in this chunk; their streams are read in this order, end to end
     senders: list[tuple[int, int, int]]
@@ -418,7 +404,7 @@ class SecureSession:
         target = np.concatenate(targets) if targets else np.zeros(0, np.int64)
         starts = np.zeros(count + 1, dtype=np.int64)
         np.cumsum(np.bincount(target, minlength=count), out=starts[1:])
-        return UnmaskChunk(first, count, senders, starts, np.argsort(target, kind="stable"))
+        return UnmaskChunk(senders, starts, np.argsort(target, kind="stable"))
 
     def exchange_range(self, comm: Communicator, slot: Hashable, needed: int) -> int:
         """The range exponent of this use of an exchange slot: the lagged one, or on the slot's
@@ -487,20 +473,9 @@ class SecureSession:
         for i, low, high in part.senders:
             self._from[i].read_into(streams[at:at + high - low], "unmask", self.stream_log)
             at += high - low
-        if targets is None:
-            return
-        if _normal_power_of_two(-exponent, result.dtype):
-            ring_words.unmask_decode(part.starts, part.stream_rows, streams, received,
-                                     2.0 ** -exponent, targets, result, add)
-            return
-        decoded = np.empty(received.shape, dtype=result.dtype)  # scale by ldexp afterwards
-        ring_words.unmask_decode(part.starts, part.stream_rows, streams, received, 1.0,
-                                 np.arange(received.shape[0]), decoded, False)
-        np.ldexp(decoded, -exponent, out=decoded)
-        if add:
-            result[targets] += decoded
-        else:
-            result[targets] = decoded
+        if targets is not None:
+            ring_words.unmask_decode(part.starts, part.stream_rows, streams, received, exponent,
+                                     targets, result, add)
 
     # -- sums over clients (weight gradients and loss, counts) ----------------------------------
     def _zero_sum_words(self, count: int, ring: np.dtype) -> np.ndarray:
@@ -519,7 +494,7 @@ class SecureSession:
     def sum_to_all(self, comm: Communicator, values: np.ndarray,
                    segments: list[int] | None = None) -> np.ndarray:
         """Collective: the sum over ranks of a 1-D float vector (one scale per segment of
-        ``segments`` lengths, default one; the server's share must be zeros) or int64 vector
+        ``segments`` lengths, default one; the server's values are not read) or int64 vector
         (exact, in Z_2^64), identical on every rank; the server and relaying ranks see only
         masked ring words.
 
@@ -537,7 +512,6 @@ class SecureSession:
         # the server holds no key and no terms: it adds zeros, unencoded (it is on every
         # client's critical path)
         holds_terms = self.client_id >= 0
-        assert holds_terms or not values.any(), "the server's share of a masked sum is zeros"
         needed = np.asarray([largest_exponent(p) if holds_terms else EMPTY_EXPONENT
                              for p in pieces], dtype=np.int64)
         slot = ("sum", tuple(p.shape[0] for p in pieces))

@@ -5,6 +5,7 @@ import pytest
 import scipy.sparse as sp
 
 from mpifgl import ring
+from tests.helpers.ring_reference import reference_decode, reference_encode
 
 RUNS = [(np.float32, np.uint32), (np.float64, np.uint64)]
 
@@ -14,11 +15,6 @@ def random_words(rng, shape, ring_dtype):
                         endpoint=True)
 
 
-def numpy_encode(values, scale, ring_dtype):
-    scaled = np.multiply(values, values.dtype.type(scale))
-    return np.rint(scaled).astype(ring.signed(np.zeros(1, ring_dtype)).dtype).view(ring_dtype)
-
-
 @pytest.mark.parametrize("float_type,ring_dtype", RUNS)
 def test_encode_add_rounds_half_to_even_and_wraps(float_type, ring_dtype):
     rng = np.random.default_rng(0)
@@ -26,13 +22,12 @@ def test_encode_add_rounds_half_to_even_and_wraps(float_type, ring_dtype):
     bits = 8 * np.dtype(ring_dtype).itemsize
     # terms up to 2^(k-2) after scaling, the largest the fixed point allows with one client
     values = np.concatenate([ties, rng.uniform(-1, 1, 997).astype(float_type)]).reshape(-1, 5)
-    scale = 2.0 ** (bits - 3)
     stream = random_words(rng, values.shape, ring_dtype)
     out = np.empty(values.shape, ring_dtype)
-    ring.encode_add(values, scale, stream, out)
-    assert np.array_equal(out, numpy_encode(values, scale, ring_dtype) + stream)  # wraps too
+    ring.encode_add(values, bits - 3, stream, out)
+    assert np.array_equal(out, reference_encode(values, bits - 3, ring_dtype) + stream)  # wraps
     plain = np.empty(8, ring_dtype)
-    ring.encode_add(ties, 1.0, np.zeros(8, ring_dtype), plain)
+    ring.encode_add(ties, 0, np.zeros(8, ring_dtype), plain)
     assert ring.signed(plain).tolist() == [0, 2, 2, 0, -2, -2, 0, 0]
 
 
@@ -45,8 +40,7 @@ def test_sum_selected_rows_is_the_pattern_product_in_the_ring(float_type, ring_d
     indptr = np.zeros(rows + 1, np.int32)
     np.cumsum(np.bincount(target, minlength=rows), out=indptr[1:])
     words = random_words(rng, (gathered, width), ring_dtype)
-    out = random_words(rng, (rows, width), ring_dtype)  # overwritten, not added to
-    ring.sum_selected_rows(indptr, order, words, out)
+    out = ring.sum_selected_rows(indptr, order, words)
     pattern = sp.csr_matrix((np.ones(gathered, ring_dtype), order, indptr), shape=(rows, gathered))
     assert np.array_equal(out, pattern @ words)
     assert not out[-5:].any()
@@ -68,12 +62,11 @@ def test_unmask_decode_removes_the_streams_and_rounds_once(float_type, ring_dtyp
     destinations = rng.permutation(rows + 10)[:rows]
     result = rng.standard_normal((rows + 10, width)).astype(float_type)
     expected = result.copy()
-    decoded = np.multiply(sums, float_type(2.0 ** -exponent), dtype=float_type)
+    decoded = reference_decode(sums.view(ring_dtype), exponent, float_type)
     if add:
         expected[destinations] += decoded
     else:
         expected[destinations] = decoded
-    ring.unmask_decode(starts, order, streams, received, 2.0 ** -exponent, destinations, result,
-                       add)
+    ring.unmask_decode(starts, order, streams, received, exponent, destinations, result, add)
     assert np.array_equal(received, sums.view(ring_dtype))  # unmasked in place
     assert np.array_equal(result, expected)

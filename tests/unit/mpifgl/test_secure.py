@@ -2,8 +2,9 @@
 
 * exactness: the masked exchange equals the plain one within the derived bound m * 2^-(e+1)
   per row sum (e from the range each use ran with); lagged exponents: a jump redoes the
-  operation, a steady slot never does, every rank ends with one exponent state; secure logits, loss and gradients equal the program's centralized mode (1e-10 in
-  float64, 1e-5 in float32, as test_exactness.py) for 1-4 clients, full graph and sampled;
+  operation, a steady slot never does, every rank ends with one exponent state; secure logits,
+  loss and gradients equal the program's centralized mode (1e-10 in float64, 1e-5 in float32, as
+  test_exactness.py) for 1-4 clients, full graph and sampled;
 * what the server sees: ring words only, uniform bytes (chi-square), different between two runs
   with fresh keys on identical data while the results are the same;
 * every key stream read once, front to back, by both its holders alike, in a whole run
@@ -22,6 +23,7 @@ import torch
 from tests.helpers.exactness import (TOLERANCE, assert_close, centralized_reference, fixed_sample,
                                      gather_in_global_order, operator_logits)
 from tests.helpers.graphs import random_parts, write_shards
+from tests.helpers.ring_reference import reference_decode, reference_encode
 from tests.helpers.thread_comm import ThreadComm, ThreadWorld
 from mpifgl import secure
 from mpifgl.config import TrainConfig
@@ -569,16 +571,6 @@ def test_thread_comm_is_a_communicator():
 # The reference keeps the first implementation's arithmetic (a separate range scan, scale, round,
 # convert; one fresh keystream per call, added with +=): for fixed keys, the words every client
 # sends and every decoded output must be the same bits whatever the optimised code does.
-def reference_encode(values: np.ndarray, exponent: int, ring: np.dtype) -> np.ndarray:
-    float_type = np.float32 if ring == np.uint32 else np.float64
-    scaled = np.ldexp(np.asarray(values, dtype=float_type), exponent)
-    return np.rint(scaled).astype(secure.SIGNED[ring]).view(ring)
-
-
-def reference_decode(words: np.ndarray, exponent: int, dtype) -> np.ndarray:
-    return np.ldexp(words.view(secure.SIGNED[words.dtype]).astype(dtype), -exponent)
-
-
 def reference_keystream(key: bytes, byte_offset: int, count: int, ring: np.dtype) -> np.ndarray:
     """``count`` ring words of the key's AES-128-CTR stream from ``byte_offset`` on."""
     stream = aes_ctr_stream(key, byte_offset + count * ring.itemsize)
@@ -745,8 +737,7 @@ def test_masking_and_unmasking_rows_equal_the_reference_at_any_scale(dtype, tiny
     sent = sender.mask_rows(secure.ExchangeMasks(np.asarray([0, 4, 4])), 0, terms, exponent, ring)
     stream = reference_keystream(fixed_key("1->0"), 0, terms.size, ring).reshape(terms.shape)
     np.testing.assert_array_equal(sent, reference_encode(terms, exponent, ring) + stream)
-    chunk = secure.UnmaskChunk(0, 5, [(1, 0, 4)], np.asarray([0, 1, 2, 2, 3, 4]),
-                               np.arange(4))
+    chunk = secure.UnmaskChunk([(1, 0, 4)], np.asarray([0, 1, 2, 2, 3, 4]), np.arange(4))
     received = np.zeros((5, width), dtype=ring)
     received[[0, 1, 3, 4]] = sent
     result = np.full((7, width), 9.0, dtype=dtype)
