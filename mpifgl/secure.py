@@ -44,7 +44,8 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Hashable
+from collections import deque
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -68,8 +69,13 @@ SALT_BYTES = 32
 SEGMENT_BYTES = 2 ** 35
 # the exponent a rank reports when all its terms are zero (fits the int32 word that carries it)
 EMPTY_EXPONENT = -(2 ** 30)
-# bits of growth a lagged range absorbs: terms up to 2^HEADROOM_BITS times the last use's largest
+# bits of growth a lagged range absorbs (terms up to 2^h times the last use's largest): h is the
+# largest growth between consecutive uses of the slot over its last HEADROOM_WINDOW uses, at least
+# HEADROOM_BITS (a steady slot's precision) and at most MAX_HEADROOM_BITS (a rare larger jump is
+# cheaper redone than paid for in every use's precision)
 HEADROOM_BITS = 2
+MAX_HEADROOM_BITS = 6
+HEADROOM_WINDOW = 256
 # the masked sum's exponent histogram: HISTOGRAM_WORDS buckets per segment, bucket
 # HISTOGRAM_AT_RANGE holding the lagged range itself (lower exponents share bucket 0, those more
 # than HISTOGRAM_WORDS - 1 - HISTOGRAM_AT_RANGE bits above it the top bucket)
@@ -105,9 +111,15 @@ def largest_exponent(values: np.ndarray) -> int:
     return ceil_exponent(float(np.max([values.max(), -values.min()])))  # NaN propagates
 
 
-def lagged_range(agreed: int) -> int:
+def headroom_bits(growths: Sequence[int]) -> int:
+    """The headroom of a slot's next use from its recent growths (bits between consecutive
+    uses' largest exponents), clamped to [HEADROOM_BITS, MAX_HEADROOM_BITS]."""
+    return min(MAX_HEADROOM_BITS, max(HEADROOM_BITS, max(growths, default=0)))
+
+
+def lagged_range(agreed: int, headroom: int = HEADROOM_BITS) -> int:
     """The range exponent of a slot's next use: the last use's largest plus the headroom."""
-    return agreed if agreed == EMPTY_EXPONENT else agreed + HEADROOM_BITS
+    return agreed if agreed == EMPTY_EXPONENT else agreed + headroom
 
 
 def exponent_word(exponent: int, ring: np.dtype) -> np.ndarray:
@@ -305,8 +317,10 @@ class SecureSession:
                       for j, key in sorted(pair.items())}
         self.stream_log: list[KeystreamUse] | None = None  # tests switch it on
         # per slot (an exchange's layer and direction, a masked sum's segments): the largest
-        # exponent of its last use, the same on every rank; the next use's lagged range
+        # exponent of its last use and, per segment, the growths of its recent uses (the same
+        # on every rank: every rank learns the largest exponents); the next use's lagged range
         self.agreed_exponents: dict[Hashable, int | tuple[int, ...]] = {}
+        self._growths: dict[Hashable, list[deque]] = {}
         self.redos = 0  # masked operations run again because a term outgrew its lagged range
         self._scratch = np.empty(0, dtype=np.uint8)  # keystream bytes, reused across calls
 
@@ -406,24 +420,48 @@ class SecureSession:
         np.cumsum(np.bincount(target, minlength=count), out=starts[1:])
         return UnmaskChunk(senders, starts, np.argsort(target, kind="stable"))
 
+    def lagged_ranges(self, slot: Hashable) -> list[int] | None:
+        """Per segment, the range exponent the slot's next use runs with (None before its first
+        use): the last use's largest plus the slot's headroom (``headroom_bits``)."""
+        if slot not in self.agreed_exponents:
+            return None
+        agreed = self.agreed_exponents[slot]
+        return [lagged_range(a, headroom_bits(g))
+                for a, g in zip(agreed if isinstance(agreed, tuple) else (agreed,),
+                                self._growths[slot])]
+
+    def _record(self, slot: Hashable, largest: int | tuple[int, ...]) -> None:
+        """A use of ``slot`` succeeded with these largest exponents: they and their growth
+        over the last use decide the next use's range."""
+        now = largest if isinstance(largest, tuple) else (largest,)
+        windows = self._growths.setdefault(slot, [deque(maxlen=HEADROOM_WINDOW) for _ in now])
+        before = self.agreed_exponents.get(slot)
+        if before is not None:
+            for window, b, n in zip(windows, before if isinstance(before, tuple) else (before,),
+                                    now):
+                if EMPTY_EXPONENT not in (b, n):
+                    window.append(n - b)
+        self.agreed_exponents[slot] = largest
+
     def exchange_range(self, comm: Communicator, slot: Hashable, needed: int) -> int:
         """The range exponent of this use of an exchange slot: the lagged one, or on the slot's
         first use the largest ``needed`` of any rank (collective, once per slot and run)."""
-        if slot in self.agreed_exponents:
-            return lagged_range(int(self.agreed_exponents[slot]))
+        ranges = self.lagged_ranges(slot)
+        if ranges is not None:
+            return ranges[0]
         return int(comm.max_to_all(np.asarray([needed], dtype=np.int64))[0])
 
     def settle(self, slot: Hashable, largest: int, used: int) -> bool:
-        """Record the largest exponent any sender needed in this use of ``slot`` (every rank
-        learns it from the server's head row); True if it exceeded the range ``used``, so the
-        operation must run again with that exponent."""
-        self.agreed_exponents[slot] = largest
-        overflowed = largest > used
-        if overflowed:
+        """The largest exponent any sender needed in this use of ``slot`` (every rank learns it
+        from the server's head row): True if it exceeded the range ``used``, so the operation
+        must run again with that exponent; else it is recorded for the next use."""
+        if largest > used:
             self.redos += 1
             log.debug("--secure: %s needed 2^%d beyond its lagged range 2^%d: redone (redo %d)",
                       slot, largest, used, self.redos)
-        return overflowed
+            return True
+        self._record(slot, largest)
+        return False
 
     def mask_rows(self, masks: ExchangeMasks, send_low: int, rows: np.ndarray, exponent: int,
                   ring: np.dtype, in_range: bool = True, out: np.ndarray | None = None,
@@ -515,8 +553,9 @@ class SecureSession:
         needed = np.asarray([largest_exponent(p) if holds_terms else EMPTY_EXPONENT
                              for p in pieces], dtype=np.int64)
         slot = ("sum", tuple(p.shape[0] for p in pieces))
-        if slot in self.agreed_exponents:
-            used = np.asarray([lagged_range(b) for b in self.agreed_exponents[slot]], np.int64)
+        ranges = self.lagged_ranges(slot)
+        if ranges is not None:
+            used = np.asarray(ranges, dtype=np.int64)
         else:
             used = comm.max_to_all(needed)  # the slot's first use: once per run
         size = values.shape[0]
@@ -545,8 +584,8 @@ class SecureSession:
                 largest = np.asarray([u + int(np.flatnonzero(row)[-1]) - HISTOGRAM_AT_RANGE
                                       if row.any() else EMPTY_EXPONENT
                                       for row, u in zip(histogram, used)], dtype=np.int64)
-            self.agreed_exponents[slot] = tuple(int(b) for b in largest)
             if np.all(largest <= used):
+                self._record(slot, tuple(int(b) for b in largest))
                 result = np.empty(size, dtype=values.dtype)
                 for a, b, e in zip(bounds[:-1], bounds[1:], scales):
                     decode(total[a:b], e, values.dtype, out=result[a:b])

@@ -165,6 +165,7 @@ class Trainer:
         config = self.config
         for epoch in range(self.state.epoch + 1, config.epochs + 1):
             self.comm.reset_counters()
+            redos_before = self.setup.secure.redos if self.setup.secure is not None else 0
             start = time.perf_counter()
             losses = [self.train_step() for _ in range(config.steps_per_epoch)]
             train_seconds = time.perf_counter() - start
@@ -179,14 +180,19 @@ class Trainer:
             table = self.comm.gather_rows(stats)
             self.state.epoch = epoch
             if self.comm.is_server:
-                self._record_epoch(epoch, float(np.mean(losses)), scores, table)
+                # every rank runs the same redos: the server's count is the run's
+                redos = (self.setup.secure.redos - redos_before
+                         if self.setup.secure is not None else None)
+                self._record_epoch(epoch, float(np.mean(losses)), scores, table, redos)
             if config.checkpoint_every and epoch % config.checkpoint_every == 0:
                 self.save_checkpoint()
         return self.finish()
 
     def _record_epoch(self, epoch: int, loss: float, scores: dict[str, float] | None,
-                      table: np.ndarray) -> None:
+                      table: np.ndarray, secure_redos: int | None) -> None:
         record: dict[str, Any] = {"epoch": epoch, "loss": loss}
+        if secure_redos is not None:  # masked operations run again (a term outgrew its range)
+            record["secure_redos"] = secure_redos
         if scores is not None:
             record.update(scores)
             if scores["val_micro_f1"] > self.state.best.val:

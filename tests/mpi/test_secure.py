@@ -42,6 +42,7 @@ def test_secure_training_equals_the_unmasked_run(toy_shards, tmp_path):
                       + 16) * 8
     for a, b in zip(plain, masked):
         assert abs(a["loss"] - b["loss"]) <= 1e-9 * max(1.0, abs(a["loss"]))
+        assert "secure_redos" not in a and b["secure_redos"] in range(0, 4 * steps)
         for split in ("train", "val", "test"):
             assert a[f"{split}_micro_f1"] == b[f"{split}_micro_f1"]
         assert a["exchange_bytes_sent"][1:] != [] and all(

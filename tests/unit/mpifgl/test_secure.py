@@ -160,9 +160,10 @@ def exchange_sequence(toy_graph, tmp_path, dtype, buffer_mb: float, scales: list
         for scale in scales:
             exchange.start_pass("train")
             y = rng.normal(scale=scale, size=(rows, 5)).astype(dtype)
+            lagged = None if session is None else session.lagged_ranges(("train", 0))
             outputs.append(exchange(plan, torch.from_numpy(y)).numpy().copy())
-            if session is not None:
-                states.append(dict(session.agreed_exponents))
+            if session is not None:  # the range this use was given, the largest it needed
+                states.append((lagged, session.agreed_exponents[("train", 0)]))
         return outputs, states, session
 
     plain = ThreadWorld(num_clients + 1).run(lambda comm: body(comm, False))
@@ -176,10 +177,8 @@ def assert_within_range_bound(plain, masked, dtype, num_clients: int = 4):
     ran with: the lagged one, or after a redo the exponent the senders reported."""
     ring = secure.ring_of(np.dtype(dtype))
     states = masked[1][1]  # every rank holds the same (asserted by the callers)
-    for use in range(len(states)):
-        largest = states[use][("train", 0)]
-        used = largest if use == 0 else max(secure.lagged_range(states[use - 1][("train", 0)]),
-                                             largest)
+    for use, (lagged, largest) in enumerate(states):
+        used = largest if lagged is None else max(lagged[0], largest)
         bound = num_clients * 2.0 ** (-secure.scale_exponent(ring, num_clients, used) - 1)
         float_rounding = num_clients * np.finfo(dtype).eps * 2.0 ** largest
         for (a, _, _), (b, _, _) in zip(plain[1:], masked[1:]):
@@ -215,6 +214,54 @@ def test_a_steady_slot_needs_no_redo_and_no_agreement_after_its_first_use(toy_gr
     assert_within_range_bound(plain, masked, np.float32)
 
 
+def lagged_sum_run(scales: list[float], num_clients: int = 3):
+    """A 10-word masked sum whose terms are rank * scale * (1, -0.5, ...) on every client, once per
+    scale -> (per use: the range it was given (None first), the largest it needed, the masked
+    sum, the plain one), redos; asserts every rank ends each use in the same state."""
+    def body(comm):
+        session = secure.SecureSession.agree(comm)
+        pattern = np.resize([1.0, -0.5, 0.25], 10)
+        uses = []
+        for scale in scales:
+            values = scale * pattern * (comm.rank) if comm.is_client else np.zeros(10)
+            lagged = session.lagged_ranges(("sum", (10,)))
+            total = session.sum_to_all(comm, values)
+            uses.append((lagged, session.agreed_exponents[("sum", (10,))], total,
+                         comm.sum_to_all(values)))
+        return uses, session.redos
+
+    results = ThreadWorld(num_clients + 1).run(body)
+    for uses, redos in results:
+        assert redos == results[0][1]
+        assert [u[:2] for u in uses] == [u[:2] for u in results[0][0]]
+    uses, redos = results[0]
+    for lagged, largest, masked, plain in uses:  # within the bound of the range each use ran with
+        used = largest[0] if lagged is None else max(lagged[0], largest[0])
+        exponent = secure.scale_exponent(np.dtype(np.uint64), num_clients, used)
+        assert np.max(np.abs(masked - plain)) <= num_clients * 2.0 ** -(exponent + 1)
+    return [(lagged, largest[0]) for lagged, largest, _, _ in uses], redos
+
+
+def test_a_slot_that_keeps_jumping_gets_the_headroom_of_its_jumps(monkeypatch):
+    """A sum alternating between terms 2^4 apart is redone on its first jump only: the next
+    uses' range covers the growth seen. After HEADROOM_WINDOW steady uses the headroom is back
+    to HEADROOM_BITS (and the next jump is redone); a jump beyond MAX_HEADROOM_BITS gets only
+    that many bits and keeps being redone."""
+    monkeypatch.setattr(secure, "HEADROOM_WINDOW", 4)
+    # largest |term|: 3 * scale (rank 3) -> exponent 2 + log2(scale)
+    states, redos = lagged_sum_run([1.0, 16.0, 1.0, 16.0, 1.0, 16.0] + [1.0] * 5 + [16.0])
+    assert [largest for _, largest in states] == [2, 6] * 3 + [2] * 5 + [6]
+    assert [lagged for lagged, _ in states] == [
+        None, [4], [10], [6], [10], [6], [10], [6], [6], [6], [4], [4]]
+    assert redos == 2  # the first jump, and the one after the window forgot the jumps
+
+    states, redos = lagged_sum_run([1.0, 2.0 ** 8, 1.0, 2.0 ** 8])
+    assert [lagged for lagged, _ in states] == [
+        None, [2 + secure.HEADROOM_BITS], [10 + secure.MAX_HEADROOM_BITS],
+        [2 + secure.MAX_HEADROOM_BITS]]
+    assert redos == 2  # each 8-bit jump: the headroom stops at MAX_HEADROOM_BITS
+
+
 def test_masked_sums_learn_their_range_from_the_histogram(toy_graph, tmp_path):
     """The gradient sum's segments: steady -> one collective per call; a jump inside the
     histogram's window -> a redo, no extra collective; beyond it -> one agreement; the sums are
@@ -231,10 +278,11 @@ def test_masked_sums_learn_their_range_from_the_histogram(toy_graph, tmp_path):
                                       rng.normal(scale=small, size=7)])
                       if comm.is_client else np.zeros(57))
             before = comm.world.max_to_all_calls
+            lagged = session.lagged_ranges(("sum", (50, 7)))
             sums.append((session.sum_to_all(comm, values, [50, 7]),
                          comm.sum_to_all(values)))
             collectives.append(comm.world.max_to_all_calls - before)
-            states.append(session.agreed_exponents[("sum", (50, 7))])
+            states.append((lagged, session.agreed_exponents[("sum", (50, 7))]))
         return sums, collectives, session.redos, states
 
     results = ThreadWorld(num_clients + 1).run(body)
@@ -245,8 +293,8 @@ def test_masked_sums_learn_their_range_from_the_histogram(toy_graph, tmp_path):
     for use, (masked, plain) in enumerate(sums):
         for k, piece in enumerate((slice(0, 50), slice(50, 57))):
             # the range this use ran with: the lagged one, or the reported one after a redo
-            used = states[use][k] if use == 0 else max(secure.lagged_range(states[use - 1][k]),
-                                                       states[use][k])
+            lagged, largest = states[use]
+            used = largest[k] if lagged is None else max(lagged[k], largest[k])
             bound = num_clients * 2.0 ** -(secure.scale_exponent(
                 np.dtype(np.uint64), num_clients, used) + 1)
             largest = float(np.max(np.abs(plain[piece])))
