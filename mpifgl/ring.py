@@ -112,6 +112,20 @@ def encode_add(values: np.ndarray, exponent: int, stream: np.ndarray, out: np.nd
                 signed(stream).reshape(-1), signed(out).reshape(-1))
 
 
+def encode_add_segments(values: np.ndarray, bounds: np.ndarray, exponents: np.ndarray,
+                        in_range: np.ndarray, stream: np.ndarray, out: np.ndarray) -> None:
+    """``encode_add`` per segment [bounds[s], bounds[s+1]) of flat vectors with its exponent; a
+    segment not ``in_range`` gets the stream alone (masked zeros)."""
+    words, keys = signed(out), signed(stream)
+    for low, high, exponent, fits in zip(bounds[:-1].tolist(), bounds[1:].tolist(),
+                                         exponents.tolist(), in_range.tolist()):
+        if not fits:
+            words[low:high] = keys[low:high]
+        elif high > low:
+            _encode_add(values[low:high], exponent, _scale(exponent, values.dtype),
+                        keys[low:high], words[low:high])
+
+
 def sum_selected_rows(indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Row r of the result = the ring sum of rows[indices[k]] for k in indptr[r]..indptr[r+1]-1,
     added in that order (a 0/1 matrix's product without its multiplies)."""

@@ -44,8 +44,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -76,6 +75,7 @@ EMPTY_EXPONENT = -(2 ** 30)
 HEADROOM_BITS = 2
 MAX_HEADROOM_BITS = 6
 HEADROOM_WINDOW = 256
+NO_GROWTH = -(2 ** 31)  # a use without a growth (the slot's first, or an all-zero segment)
 # the masked sum's exponent histogram: HISTOGRAM_WORDS buckets per segment, bucket
 # HISTOGRAM_AT_RANGE holding the lagged range itself (lower exponents share bucket 0, those more
 # than HISTOGRAM_WORDS - 1 - HISTOGRAM_AT_RANGE bits above it the top bucket)
@@ -111,10 +111,29 @@ def largest_exponent(values: np.ndarray) -> int:
     return ceil_exponent(float(np.max([values.max(), -values.min()])))  # NaN propagates
 
 
-def headroom_bits(growths: Sequence[int]) -> int:
-    """The headroom of a slot's next use from its recent growths (bits between consecutive
-    uses' largest exponents), clamped to [HEADROOM_BITS, MAX_HEADROOM_BITS]."""
-    return min(MAX_HEADROOM_BITS, max(HEADROOM_BITS, max(growths, default=0)))
+def headroom_bits(growths: np.ndarray) -> np.ndarray:
+    """Per segment, the headroom of a slot's next use from the growths of its recent uses
+    ([segments, uses]: bits between consecutive uses' largest exponents, NO_GROWTH where a
+    use had none), clamped to [HEADROOM_BITS, MAX_HEADROOM_BITS]."""
+    return np.clip(growths.max(axis=1, initial=NO_GROWTH), HEADROOM_BITS, MAX_HEADROOM_BITS)
+
+
+def segment_exponents(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """``largest_exponent`` of each segment [bounds[s], bounds[s+1]) of a 1-D vector, for all
+    segments in a few passes -> int64 [segments]; refuses inf and NaN."""
+    exponents = np.full(bounds.shape[0] - 1, EMPTY_EXPONENT, dtype=np.int64)
+    nonempty = np.flatnonzero(bounds[1:] > bounds[:-1])
+    if not nonempty.size:
+        return exponents
+    # a nonempty segment's reduction runs on through the empty ones after it: they add nothing
+    starts = bounds[:-1][nonempty]
+    largest = np.maximum(np.maximum.reduceat(values, starts).astype(np.float64),
+                         -np.minimum.reduceat(values, starts).astype(np.float64))
+    finite = np.isfinite(largest)  # NaN propagates through the reductions
+    if not finite.all():
+        ceil_exponent(float(largest[~finite][0]))  # raises, naming the value
+    exponents[nonempty] = np.where(largest > 0, np.frexp(largest)[1], EMPTY_EXPONENT)
+    return exponents
 
 
 def lagged_range(agreed: int, headroom: int = HEADROOM_BITS) -> int:
@@ -253,6 +272,7 @@ class KeyStream:
         self.label = label
         self.position = 0  # bytes read so far
         self._segment = -1
+        self._segment_end = 0  # the current segment's end (a byte position): 0 before any read
         self._encryptor = None
 
     def __repr__(self) -> str:  # keys must never reach a log line
@@ -264,12 +284,16 @@ class KeyStream:
         if log is not None:
             log.append(KeystreamUse(self.label, role, self.position, self.position + count))
         buffer, done = out.reshape(-1).view(np.uint8), 0
+        if self.position + count <= self._segment_end:  # the usual read: inside one segment
+            self._encryptor.update_into(_zeros(count), buffer)
+            self.position += count
+            return
         while done < count:
             segment, offset = divmod(self.position, SEGMENT_BYTES)
             if segment != self._segment:  # reads are sequential: the segment's first byte
                 nonce = segment.to_bytes(12, "big")
                 self._encryptor = Cipher(algorithms.AES(self.key), modes.GCM(nonce)).encryptor()
-                self._segment = segment
+                self._segment, self._segment_end = segment, (segment + 1) * SEGMENT_BYTES
             take = min(count - done, SEGMENT_BYTES - offset)
             # the encryption of zeros: the keystream itself
             self._encryptor.update_into(_zeros(take), buffer[done:done + take])
@@ -320,7 +344,8 @@ class SecureSession:
         # exponent of its last use and, per segment, the growths of its recent uses (the same
         # on every rank: every rank learns the largest exponents); the next use's lagged range
         self.agreed_exponents: dict[Hashable, int | tuple[int, ...]] = {}
-        self._growths: dict[Hashable, list[deque]] = {}
+        self._growths: dict[Hashable, np.ndarray] = {}  # [segments, HEADROOM_WINDOW], cyclic
+        self._growth_count: dict[Hashable, int] = {}
         self.redos = 0  # masked operations run again because a term outgrew its lagged range
         self._scratch = np.empty(0, dtype=np.uint8)  # keystream bytes, reused across calls
 
@@ -426,21 +451,24 @@ class SecureSession:
         if slot not in self.agreed_exponents:
             return None
         agreed = self.agreed_exponents[slot]
-        return [lagged_range(a, headroom_bits(g))
-                for a, g in zip(agreed if isinstance(agreed, tuple) else (agreed,),
-                                self._growths[slot])]
+        return [a if a == EMPTY_EXPONENT else a + int(h)
+                for a, h in zip(agreed if isinstance(agreed, tuple) else (agreed,),
+                                headroom_bits(self._growths[slot]))]
 
     def _record(self, slot: Hashable, largest: int | tuple[int, ...]) -> None:
         """A use of ``slot`` succeeded with these largest exponents: they and their growth
         over the last use decide the next use's range."""
-        now = largest if isinstance(largest, tuple) else (largest,)
-        windows = self._growths.setdefault(slot, [deque(maxlen=HEADROOM_WINDOW) for _ in now])
+        now = np.asarray(largest if isinstance(largest, tuple) else (largest,), dtype=np.int64)
         before = self.agreed_exponents.get(slot)
-        if before is not None:
-            for window, b, n in zip(windows, before if isinstance(before, tuple) else (before,),
-                                    now):
-                if EMPTY_EXPONENT not in (b, n):
-                    window.append(n - b)
+        if before is None:
+            self._growths[slot] = np.full((now.shape[0], HEADROOM_WINDOW), NO_GROWTH, np.int64)
+            self._growth_count[slot] = 0
+        else:
+            last = np.asarray(before if isinstance(before, tuple) else (before,), dtype=np.int64)
+            count = self._growth_count[slot]
+            self._growths[slot][:, count % HEADROOM_WINDOW] = np.where(
+                (last != EMPTY_EXPONENT) & (now != EMPTY_EXPONENT), now - last, NO_GROWTH)
+            self._growth_count[slot] = count + 1
         self.agreed_exponents[slot] = largest
 
     def exchange_range(self, comm: Communicator, slot: Hashable, needed: int) -> int:
@@ -522,11 +550,18 @@ class SecureSession:
         (this session's scratch, valid until its next use)."""
         words = self._words(2 * count, ring)
         total, stream_words = words[:count], words[count:]
-        total.fill(0)
-        for j, stream in self._pair.items():
+        if not self._pair:
+            total.fill(0)
+        for first, (j, stream) in enumerate(self._pair.items()):
             adding = self.client_id < j
-            stream.read_into(stream_words, "add" if adding else "subtract", self.stream_log)
-            (np.add if adding else np.subtract)(total, stream_words, out=total)
+            # the first stream lands in the total itself (no zero fill, no add pass)
+            stream.read_into(total if first == 0 else stream_words,
+                             "add" if adding else "subtract", self.stream_log)
+            if first == 0:
+                if not adding:
+                    np.negative(total, out=total)
+            else:
+                (np.add if adding else np.subtract)(total, stream_words, out=total)
         return total
 
     def sum_to_all(self, comm: Communicator, values: np.ndarray,
@@ -545,50 +580,46 @@ class SecureSession:
             masked = values.view(np.uint64) + self._zero_sum_words(values.shape[0], np.uint64)
             return comm.sum_to_all(masked).view(np.int64)
         ring, m = ring_of(values.dtype), self.num_clients
-        bounds = np.cumsum([0] + list(segments or [values.shape[0]]))
-        pieces = [values[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        bounds = np.cumsum([0] + list(segments or [values.shape[0]])).astype(np.int64)
+        count, size = bounds.shape[0] - 1, values.shape[0]
         # the server holds no key and no terms: it adds zeros, unencoded (it is on every
         # client's critical path)
         holds_terms = self.client_id >= 0
-        needed = np.asarray([largest_exponent(p) if holds_terms else EMPTY_EXPONENT
-                             for p in pieces], dtype=np.int64)
-        slot = ("sum", tuple(p.shape[0] for p in pieces))
+        needed = (segment_exponents(values, bounds) if holds_terms
+                  else np.full(count, EMPTY_EXPONENT, dtype=np.int64))
+        slot = ("sum", tuple(np.diff(bounds).tolist()))
         ranges = self.lagged_ranges(slot)
-        if ranges is not None:
-            used = np.asarray(ranges, dtype=np.int64)
-        else:
-            used = comm.max_to_all(needed)  # the slot's first use: once per run
-        size = values.shape[0]
+        # the slot's first use agrees its range: once per run
+        used = np.asarray(ranges, dtype=np.int64) if ranges is not None else comm.max_to_all(needed)
         # one buffer: the masked words, then the histogram tail (what travels, in one piece)
-        message = np.empty(size + len(pieces) * HISTOGRAM_WORDS, dtype=ring)
+        message = np.empty(size + count * HISTOGRAM_WORDS, dtype=ring)
+        tail = message[size:].reshape(count, HISTOGRAM_WORDS)
+        reported = np.flatnonzero(needed != EMPTY_EXPONENT)
         while True:
-            scales = [scale_exponent(ring, m, int(u)) for u in used]
-            masks = self._zero_sum_words(size, ring) if holds_terms else None
-            for a, b, p, e, n, u in zip(bounds[:-1], bounds[1:], pieces, scales, needed, used):
-                if not holds_terms:
-                    message[a:b] = 0
-                elif n <= u:
-                    encode(p, e, ring, m, out=message[a:b], largest=int(n), stream=masks[a:b])
-                else:
-                    message[a:b] = masks[a:b]
-            tail = message[size:].reshape(len(pieces), HISTOGRAM_WORDS)
+            exponents = np.asarray([scale_exponent(ring, m, int(u)) for u in used], np.int64)
+            if holds_terms:
+                ring_words.encode_add_segments(values, bounds, exponents, needed <= used,
+                                               self._zero_sum_words(size, ring),
+                                               message[:size])
+            else:
+                message[:size] = 0
             tail.fill(0)
-            for k, (n, u) in enumerate(zip(needed, used)):
-                if n != EMPTY_EXPONENT:
-                    tail[k, min(max(int(n - u) + HISTOGRAM_AT_RANGE, 0), HISTOGRAM_WORDS - 1)] = 1
+            tail[reported, np.clip(needed[reported] - used[reported] + HISTOGRAM_AT_RANGE, 0,
+                                   HISTOGRAM_WORDS - 1)] = 1
             total = comm.sum_to_all(message)
-            histogram = total[size:].reshape(len(pieces), HISTOGRAM_WORDS)
+            histogram = total[size:].reshape(count, HISTOGRAM_WORDS) != 0
             if histogram[:, -1].any():  # an exponent beyond the window: ask for it exactly
                 largest = comm.max_to_all(needed)
-            else:
-                largest = np.asarray([u + int(np.flatnonzero(row)[-1]) - HISTOGRAM_AT_RANGE
-                                      if row.any() else EMPTY_EXPONENT
-                                      for row, u in zip(histogram, used)], dtype=np.int64)
+            else:  # each segment's highest occupied bucket
+                top = HISTOGRAM_WORDS - 1 - np.argmax(histogram[:, ::-1], axis=1)
+                largest = np.where(histogram.any(axis=1), used + top - HISTOGRAM_AT_RANGE,
+                                   EMPTY_EXPONENT)
             if np.all(largest <= used):
                 self._record(slot, tuple(int(b) for b in largest))
                 result = np.empty(size, dtype=values.dtype)
-                for a, b, e in zip(bounds[:-1], bounds[1:], scales):
-                    decode(total[a:b], e, values.dtype, out=result[a:b])
+                for low, high, e in zip(bounds[:-1].tolist(), bounds[1:].tolist(),
+                                        exponents.tolist()):
+                    decode(total[low:high], e, values.dtype, out=result[low:high])
                 return result
             self.redos += 1
             log.debug("--secure: a masked sum needed 2^%s beyond its lagged range 2^%s: redone "

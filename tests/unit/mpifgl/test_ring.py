@@ -70,3 +70,24 @@ def test_unmask_decode_removes_the_streams_and_rounds_once(float_type, ring_dtyp
     ring.unmask_decode(starts, order, streams, received, exponent, destinations, result, add)
     assert np.array_equal(received, sums.view(ring_dtype))  # unmasked in place
     assert np.array_equal(result, expected)
+
+
+@pytest.mark.parametrize("float_type,ring_dtype", RUNS)
+def test_encode_add_segments_encodes_each_segment_at_its_own_scale(float_type, ring_dtype):
+    """Per segment: encode_add with that segment's exponent (normal and non-normal 2^e), the
+    stream alone where a segment is not in range, nothing for an empty segment."""
+    rng = np.random.default_rng(4)
+    bounds = np.asarray([0, 40, 40, 47, 60, 61])
+    beyond = np.finfo(float_type).maxexp + 3  # 2^e not a normal number: the ldexp path
+    exponents = np.asarray([20, 5, beyond, 11, 0])
+    in_range = np.asarray([True, True, True, False, True])
+    values = rng.uniform(-1, 1, bounds[-1]).astype(float_type)
+    values[40:47] *= 2.0 ** (20 - beyond)
+    stream = random_words(rng, bounds[-1], ring_dtype)
+    out = np.zeros(bounds[-1], ring_dtype)
+    ring.encode_add_segments(values, bounds, exponents, in_range, stream, out)
+    for s in range(5):
+        piece = slice(bounds[s], bounds[s + 1])
+        expected = (reference_encode(values[piece], exponents[s], ring_dtype) + stream[piece]
+                    if in_range[s] else stream[piece])
+        assert np.array_equal(out[piece], expected), s

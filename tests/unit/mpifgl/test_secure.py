@@ -559,6 +559,26 @@ def test_a_session_refuses_to_be_pickled():
 
 
 # -- fixed point --------------------------------------------------------------------------------
+def test_segment_exponents_equal_each_segments_largest_exponent():
+    """One pass for all segments: each segment's largest_exponent, EMPTY_EXPONENT for an empty
+    or all-zero one (also after empty ones), and a NaN or infinity refused with its value."""
+    rng = np.random.default_rng(5)
+    bounds = np.asarray([0, 0, 30, 34, 34, 50, 51])
+    values = rng.normal(scale=4.0, size=51)
+    values[30:34] = 0.0
+    values[34:50] *= 1e-9
+    values[50] = -2.0 ** 40  # a power of two: frexp's exponent, 2^40 = 0.5 * 2^41
+    exponents = secure.segment_exponents(values, bounds)
+    expected = [secure.largest_exponent(values[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    assert exponents.tolist() == expected
+    assert exponents[0] == exponents[2] == exponents[3] == secure.EMPTY_EXPONENT
+    assert exponents[5] == 41
+    for bad in (np.nan, -np.inf):
+        values[40] = bad
+        with pytest.raises(secure.FixedPointOverflow, match=f"is {abs(bad)}, expected a finite"):
+            secure.segment_exponents(values, bounds)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_encode_decode_round_trip_and_overflow(dtype):
     ring = secure.ring_of(np.dtype(dtype))
