@@ -11,7 +11,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option
+from fgl_common.cli import (CommaSeparated, add_dataclass_arguments,
+                             dataclass_from_namespace, option)
 
 ALGOS = ("ours", "centralized", "graphsage", "graphsaint", "fedavg", "fedavg-nc", "bns")
 BACKBONES = ("gcn", "1gnn")
@@ -79,7 +80,8 @@ class TrainConfig:
     nc_fraction: float = option(0.2, "fedavg-nc: fraction of one-hop cross-client neighbours each "
                                      "client collects (paper: 20%)")
     boundary_p: float = option(0.1, "bns: probability of keeping a boundary node (BNS-GCN's p)")
-    fanouts: str = option("25,10", "graphsage: neighbours sampled per layer, comma-separated")
+    fanouts: tuple[int, ...] = option((25, 10), "graphsage: neighbours sampled per layer, "
+                                                "comma-separated")
     batch_size: int = option(512, "graphsage: seed nodes per mini-batch; graphsaint: walk roots "
                                   "per subgraph")
     walk_length: int = option(2, "graphsaint: random-walk length")
@@ -143,11 +145,8 @@ class TrainConfig:
         need(0.0 < self.boundary_p <= 1.0, "boundary-p", self.boundary_p, "a probability in (0, 1]")
         need(self.batch_size >= 1, "batch-size", self.batch_size, "an integer >= 1")
         need(self.walk_length >= 1, "walk-length", self.walk_length, "an integer >= 1")
-        try:
-            fanouts = [int(v) for v in self.fanouts.split(",")]
-        except ValueError:
-            fanouts = []
-        need(bool(fanouts) and all(v >= 1 for v in fanouts), "fanouts", self.fanouts,
+        need(bool(self.fanouts) and all(v >= 1 for v in self.fanouts), "fanouts",
+             ",".join(map(str, self.fanouts)),
              "comma-separated integers >= 1, one per layer (e.g. 25,10)")
 
     @property
@@ -163,8 +162,15 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+        """A saved config (checkpoint or config.json): JSON's lists become the tuple fields'
+        tuples, and a run saved when --fanouts was kept as its text ("25,10") still loads."""
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in known})
+        values = {k: v for k, v in values.items() if k in known}
+        if isinstance(values.get("fanouts"), str):
+            values["fanouts"] = CommaSeparated(int)(values["fanouts"])
+        if isinstance(values.get("fanouts"), list):
+            values["fanouts"] = tuple(values["fanouts"])
+        return cls(**values)
 
 
 def _choices(name: str) -> tuple[str, ...]:

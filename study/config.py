@@ -82,23 +82,26 @@ class StudyArgs:
     """The command line of ``python -m study``. Lists are comma-separated; a flag left out
     keeps ``StudyConfig``'s default (or ``--quick``'s)."""
 
-    datasets: str = option(None, "datasets, e.g. cora,citeseer,amazon-computers,coauthor-cs",
-                           required=True)
+    datasets: tuple[str, ...] = option(None, "datasets, e.g. "
+                                             "cora,citeseer,amazon-computers,coauthor-cs",
+                                       required=True)
     out: Path = option(None, "report directory", required=True)
-    seeds: str | None = option(None, "Table 2/5 seeds (default 0: the 90-minute plan; e.g. "
-                                     "0,1,2)")
+    seeds: tuple[int, ...] | None = option(None, "Table 2/5 seeds (default 0: the 90-minute "
+                                                 "plan; e.g. 0,1,2)")
     epochs: int | None = option(None, "epochs of Table 2/5 runs (default 200, the paper's; "
                                       "quick: 2)")
     figure_epochs: int | None = option(None, "epochs of the figure runs (default 200; quick: 2)")
-    figure_datasets: str | None = option(None, "datasets of figures 3-6 and table 4 (default: "
+    figure_datasets: tuple[str, ...] | None = option(None, "datasets of figures 3-6 and table 4 (default: "
                                                "cora, else the first of --datasets)")
-    ablation_datasets: str | None = option(None, "datasets of table 5 (default: cora)")
-    clients: str | None = option(None, "figure 3 client counts (default 4,8,16,32, the paper's)")
+    ablation_datasets: tuple[str, ...] | None = option(None, "datasets of table 5 (default: cora)")
+    clients: tuple[int, ...] | None = option(None, "figure 3 client counts (default 4,8,16,32, "
+                                                   "the paper's)")
     same_epochs: bool = option(False, "run GraphSAGE and GraphSAINT for --epochs epochs too "
                                       "(default: the epochs that give them about --epochs "
                                       "optimizer steps)")
     quick: bool = option(False, "smoke test: 1 seed, 2 epochs, 2-3 clients")
-    only: str = option(",".join(SECTIONS), f"sections to run, some of {','.join(SECTIONS)}")
+    only: tuple[str, ...] = option(SECTIONS, f"sections to run, some of {','.join(SECTIONS)}",
+                                   choices=SECTIONS)
     data_root: str | None = option(None, "raw datasets directory (data_prep's --data-root)")
     lr: float = option(0.01, "fixed lr without --lr-search")
     lr_search: bool = option(False, "pick lr in {0.1, 0.01, 0.001} per dataset and method on "
@@ -113,32 +116,16 @@ class StudyArgs:
     report_only: bool = option(False, "rewrite the report from the runs present, run nothing")
 
 
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(v.strip() for v in text.split(",") if v.strip())
-
-
-def _ints(flag: str, text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise ValueError(f"{flag} {text!r}: expected comma-separated integers") from None
-
-
 def study_config(args: StudyArgs) -> StudyConfig:
     """The plan's configuration from the command line; ValueError names the flag at fault."""
-    values = {"datasets": _names(args.datasets), "out": args.out,
-              "only": _names(args.only), "lr": args.lr, "lr_search": args.lr_search,
-              "data_root": args.data_root, "retry_failed": args.retry_failed,
-              "dry_run": args.dry_run, "budget_minutes": args.budget_minutes,
+    values = {"datasets": args.datasets, "out": args.out, "only": args.only, "lr": args.lr,
+              "lr_search": args.lr_search, "data_root": args.data_root,
+              "retry_failed": args.retry_failed, "dry_run": args.dry_run, "budget_minutes": args.budget_minutes,
               "equal_steps": not args.same_epochs}
     optional = {
-        "seeds": None if args.seeds is None else _ints("--seeds", args.seeds),
-        "epochs": args.epochs, "figure_epochs": args.figure_epochs,
-        "figure_datasets": (None if args.figure_datasets is None
-                            else _names(args.figure_datasets)),
-        "client_counts": None if args.clients is None else _ints("--clients", args.clients),
-        "ablation_datasets": (None if args.ablation_datasets is None
-                              else _names(args.ablation_datasets)),
+        "seeds": args.seeds, "epochs": args.epochs, "figure_epochs": args.figure_epochs,
+        "figure_datasets": args.figure_datasets, "client_counts": args.clients,
+        "ablation_datasets": args.ablation_datasets,
         "timeout": args.timeout}
     values.update({k: v for k, v in optional.items() if v is not None})
     if "seeds" in values:

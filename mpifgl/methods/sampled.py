@@ -348,9 +348,9 @@ class GraphSAGEMethod(CentralizedPyGMethod):
     def __init__(self, setup: RankSetup):
         require_one_process(setup)
         config = setup.config
-        fanouts = [int(v) for v in config.fanouts.split(",")]
+        fanouts = list(config.fanouts)
         if len(fanouts) != config.layers:
-            raise ValueError(f"--fanouts {config.fanouts!r} has {len(fanouts)} values, "
+            raise ValueError(f"--fanouts {','.join(map(str, fanouts))} has {len(fanouts)} values, "
                              f"expected one per layer (--layers {config.layers})")
         adjacency = setup.graph.inner.tocsr()
         super().__init__(setup, sage_conv, unit_adjacency(adjacency, setup.dtype))

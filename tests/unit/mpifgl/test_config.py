@@ -23,13 +23,26 @@ def test_defaults_are_the_papers_settings():
     ("sample_size", -5, "--sample-size is -5"),
     ("steps_per_epoch", -1, "--steps-per-epoch is -1"),
     ("seed", -1, "--seed is -1, expected an integer >= 0"),
-    ("fanouts", "25,x", "--fanouts is '25,x'"),
+    ("fanouts", (25, 0), "--fanouts is '25,0', expected comma-separated integers >= 1"),
+    ("fanouts", (), "--fanouts is '', expected comma-separated integers >= 1"),
     ("boundary_p", 0.0, "--boundary-p is 0.0"),
 ])
 def test_validation_names_flag_value_and_expectation(flag, value, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")
                        .replace(")", r"\)").replace(".", r"\.")):
         TrainConfig(**{flag: value}).validate()
+
+
+def test_fanouts_parse_from_the_command_line_and_from_saved_configs(capsys):
+    assert parse_config(["--fanouts", "5,3,2"]).fanouts == (5, 3, 2)
+    assert parse_config([]).fanouts == (25, 10)
+    with pytest.raises(SystemExit):
+        parse_config(["--fanouts", "25,x"])
+    assert "argument --fanouts: invalid comma-separated int value: '25,x'" in \
+        capsys.readouterr().err
+    # config.json holds a list; a checkpoint written before the flag was typed, its text
+    for saved in ([4, 3], "4,3"):
+        assert TrainConfig.from_dict({"fanouts": saved, "epochs": 3}).fanouts == (4, 3)
 
 
 def test_help_lists_every_flag():

@@ -106,7 +106,14 @@ def test_cli_reads_comma_lists_and_quick_defaults():
 def test_cli_names_the_bad_flag(capsys):
     with pytest.raises(SystemExit):
         parse_config(["--datasets", "cora", "--out", "x", "--seeds", "0,one"])
-    assert "--seeds '0,one': expected comma-separated integers" in capsys.readouterr().err
+    assert "argument --seeds: invalid comma-separated int value: '0,one'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_config(["--datasets", "cora", "--out", "x", "--only", "table2,table9"])
+    assert ("argument --only: 'table2,table9' has unknown 'table9', expected comma-separated "
+            "values among") in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_config(["--datasets", ",", "--out", "x"])
+    assert "--datasets is empty, expected a comma-separated list" in capsys.readouterr().err
 
 
 def test_runs_get_one_thread_per_rank_and_this_checkout_first():
