@@ -25,7 +25,8 @@ of m terms within 2^(k-1). Each sender checks its encoded terms against that lim
 terms is off by at most m * 2^-(e+1) (``sum_error_bound``).
 
 Lagged exponents: b is not agreed per operation. Each slot (an exchange's pass and call, a masked
-sum's segments) runs with the largest exponent of its last use plus HEADROOM_BITS, learns this
+sum's segments) runs with the largest exponent of its last use plus a headroom (the largest
+growth between its consecutive uses lately, HEADROOM_BITS to MAX_HEADROOM_BITS), learns this
 use's largest from the operation's own messages (the exchange: a head row each way in chunk 0;
 a sum: an unmasked exponent histogram tail), and runs again (the streams reading on) when a term
 outgrew the range. Only a slot's first use agrees b with a max-allreduce. docs/privacy.md.
@@ -134,11 +135,6 @@ def segment_exponents(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
         ceil_exponent(float(largest[~finite][0]))  # raises, naming the value
     exponents[nonempty] = np.where(largest > 0, np.frexp(largest)[1], EMPTY_EXPONENT)
     return exponents
-
-
-def lagged_range(agreed: int, headroom: int = HEADROOM_BITS) -> int:
-    """The range exponent of a slot's next use: the last use's largest plus the headroom."""
-    return agreed if agreed == EMPTY_EXPONENT else agreed + headroom
 
 
 def exponent_word(exponent: int, ring: np.dtype) -> np.ndarray:
