@@ -115,7 +115,7 @@ def main() -> int:
                         args.eval_every, flags)
             records = steady(whole)
             figures = {
-                       "run_bytes_sent": sum(per_client([r], "bytes_sent") for r in whole),
+                       "run_bytes_sent": per_client(whole, "bytes_sent") * len(whole),
                        "redos": sum(r.get("secure_redos", 0) for r in whole),"epoch": sum(r["epoch_seconds"] for r in records) / len(records),
                        "compute": sum(r["compute_seconds"] for r in records) / len(records),
                        "comm": sum(r["comm_seconds"] for r in records) / len(records),

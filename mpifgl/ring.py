@@ -116,14 +116,12 @@ def encode_add_segments(values: np.ndarray, bounds: np.ndarray, exponents: np.nd
                         in_range: np.ndarray, stream: np.ndarray, out: np.ndarray) -> None:
     """``encode_add`` per segment [bounds[s], bounds[s+1]) of flat vectors with its exponent; a
     segment not ``in_range`` gets the stream alone (masked zeros)."""
-    words, keys = signed(out), signed(stream)
     for low, high, exponent, fits in zip(bounds[:-1].tolist(), bounds[1:].tolist(),
                                          exponents.tolist(), in_range.tolist()):
         if not fits:
-            words[low:high] = keys[low:high]
+            out[low:high] = stream[low:high]
         elif high > low:
-            _encode_add(values[low:high], exponent, _scale(exponent, values.dtype),
-                        keys[low:high], words[low:high])
+            encode_add(values[low:high], exponent, stream[low:high], out[low:high])
 
 
 def sum_selected_rows(indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray) -> np.ndarray:

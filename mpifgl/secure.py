@@ -107,9 +107,12 @@ def ceil_exponent(max_abs: float) -> int:
 
 def largest_exponent(values: np.ndarray) -> int:
     """ceil_exponent of the largest |value| (EMPTY_EXPONENT for none); refuses inf and NaN."""
-    if not values.size:
-        return EMPTY_EXPONENT
-    return ceil_exponent(float(np.max([values.max(), -values.min()])))  # NaN propagates
+    return int(segment_exponents(values.reshape(-1), np.asarray([0, values.size]))[0])
+
+
+def _per_segment(exponents: int | tuple[int, ...]) -> tuple[int, ...]:
+    """A slot's exponents as a tuple: an exchange slot has one, a masked sum one per segment."""
+    return exponents if isinstance(exponents, tuple) else (exponents,)
 
 
 def headroom_bits(growths: np.ndarray) -> np.ndarray:
@@ -268,7 +271,6 @@ class KeyStream:
         self.label = label
         self.position = 0  # bytes read so far
         self._segment = -1
-        self._segment_end = 0  # the current segment's end (a byte position): 0 before any read
         self._encryptor = None
 
     def __repr__(self) -> str:  # keys must never reach a log line
@@ -280,16 +282,12 @@ class KeyStream:
         if log is not None:
             log.append(KeystreamUse(self.label, role, self.position, self.position + count))
         buffer, done = out.reshape(-1).view(np.uint8), 0
-        if self.position + count <= self._segment_end:  # the usual read: inside one segment
-            self._encryptor.update_into(_zeros(count), buffer)
-            self.position += count
-            return
         while done < count:
             segment, offset = divmod(self.position, SEGMENT_BYTES)
             if segment != self._segment:  # reads are sequential: the segment's first byte
                 nonce = segment.to_bytes(12, "big")
                 self._encryptor = Cipher(algorithms.AES(self.key), modes.GCM(nonce)).encryptor()
-                self._segment, self._segment_end = segment, (segment + 1) * SEGMENT_BYTES
+                self._segment = segment
             take = min(count - done, SEGMENT_BYTES - offset)
             # the encryption of zeros: the keystream itself
             self._encryptor.update_into(_zeros(take), buffer[done:done + take])
@@ -340,8 +338,7 @@ class SecureSession:
         # exponent of its last use and, per segment, the growths of its recent uses (the same
         # on every rank: every rank learns the largest exponents); the next use's lagged range
         self.agreed_exponents: dict[Hashable, int | tuple[int, ...]] = {}
-        self._growths: dict[Hashable, np.ndarray] = {}  # [segments, HEADROOM_WINDOW], cyclic
-        self._growth_count: dict[Hashable, int] = {}
+        self._growths: dict[Hashable, np.ndarray] = {}  # [segments, HEADROOM_WINDOW], oldest first
         self.redos = 0  # masked operations run again because a term outgrew its lagged range
         self._scratch = np.empty(0, dtype=np.uint8)  # keystream bytes, reused across calls
 
@@ -446,26 +443,28 @@ class SecureSession:
         use): the last use's largest plus the slot's headroom (``headroom_bits``)."""
         if slot not in self.agreed_exponents:
             return None
-        agreed = self.agreed_exponents[slot]
         return [a if a == EMPTY_EXPONENT else a + int(h)
-                for a, h in zip(agreed if isinstance(agreed, tuple) else (agreed,),
+                for a, h in zip(_per_segment(self.agreed_exponents[slot]),
                                 headroom_bits(self._growths[slot]))]
 
     def _record(self, slot: Hashable, largest: int | tuple[int, ...]) -> None:
         """A use of ``slot`` succeeded with these largest exponents: they and their growth
         over the last use decide the next use's range."""
-        now = np.asarray(largest if isinstance(largest, tuple) else (largest,), dtype=np.int64)
-        before = self.agreed_exponents.get(slot)
-        if before is None:
+        now = np.asarray(_per_segment(largest), dtype=np.int64)
+        if slot not in self.agreed_exponents:
             self._growths[slot] = np.full((now.shape[0], HEADROOM_WINDOW), NO_GROWTH, np.int64)
-            self._growth_count[slot] = 0
         else:
-            last = np.asarray(before if isinstance(before, tuple) else (before,), dtype=np.int64)
-            count = self._growth_count[slot]
-            self._growths[slot][:, count % HEADROOM_WINDOW] = np.where(
-                (last != EMPTY_EXPONENT) & (now != EMPTY_EXPONENT), now - last, NO_GROWTH)
-            self._growth_count[slot] = count + 1
+            last = np.asarray(_per_segment(self.agreed_exponents[slot]), dtype=np.int64)
+            window = self._growths[slot]
+            window[:, :-1] = window[:, 1:]  # the oldest use leaves the window
+            window[:, -1] = np.where((last != EMPTY_EXPONENT) & (now != EMPTY_EXPONENT),
+                                     now - last, NO_GROWTH)
         self.agreed_exponents[slot] = largest
+
+    def _count_redo(self, slot: Hashable, largest, used) -> None:
+        self.redos += 1
+        log.debug("--secure: %s needed 2^%s beyond its lagged range 2^%s: redone (redo %d)",
+                  slot, largest, used, self.redos)
 
     def exchange_range(self, comm: Communicator, slot: Hashable, needed: int) -> int:
         """The range exponent of this use of an exchange slot: the lagged one, or on the slot's
@@ -480,9 +479,7 @@ class SecureSession:
         from the server's head row): True if it exceeded the range ``used``, so the operation
         must run again with that exponent; else it is recorded for the next use."""
         if largest > used:
-            self.redos += 1
-            log.debug("--secure: %s needed 2^%d beyond its lagged range 2^%d: redone (redo %d)",
-                      slot, largest, used, self.redos)
+            self._count_redo(slot, largest, used)
             return True
         self._record(slot, largest)
         return False
@@ -546,18 +543,11 @@ class SecureSession:
         (this session's scratch, valid until its next use)."""
         words = self._words(2 * count, ring)
         total, stream_words = words[:count], words[count:]
-        if not self._pair:
-            total.fill(0)
-        for first, (j, stream) in enumerate(self._pair.items()):
+        total.fill(0)
+        for j, stream in self._pair.items():
             adding = self.client_id < j
-            # the first stream lands in the total itself (no zero fill, no add pass)
-            stream.read_into(total if first == 0 else stream_words,
-                             "add" if adding else "subtract", self.stream_log)
-            if first == 0:
-                if not adding:
-                    np.negative(total, out=total)
-            else:
-                (np.add if adding else np.subtract)(total, stream_words, out=total)
+            stream.read_into(stream_words, "add" if adding else "subtract", self.stream_log)
+            (np.add if adding else np.subtract)(total, stream_words, out=total)
         return total
 
     def sum_to_all(self, comm: Communicator, values: np.ndarray,
@@ -617,9 +607,7 @@ class SecureSession:
                                         exponents.tolist()):
                     decode(total[low:high], e, values.dtype, out=result[low:high])
                 return result
-            self.redos += 1
-            log.debug("--secure: a masked sum needed 2^%s beyond its lagged range 2^%s: redone "
-                      "(redo %d)", largest.tolist(), used.tolist(), self.redos)
+            self._count_redo(slot, largest.tolist(), used.tolist())
             used = np.maximum(used, largest)
 
     def sum_to_server(self, comm: Communicator, counts: np.ndarray) -> np.ndarray | None:
