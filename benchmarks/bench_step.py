@@ -30,7 +30,7 @@ import torch.nn.functional as F  # noqa: E402
 from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option  # noqa: E402
 from mpifgl.config import TrainConfig  # noqa: E402
 from mpifgl.graph import ClientGraph, build_operator  # noqa: E402
-from mpifgl.model import flat_grads, select_rows, set_flat_grads  # noqa: E402
+from mpifgl.model import flatten, gradients, select_rows, unflatten  # noqa: E402
 from mpifgl.sampling import (NodeSampler, client_sample_sizes, group_counts,  # noqa: E402
                              make_distribution, node_groups)
 from fgl_common.shard_format import read_manifest  # noqa: E402
@@ -70,10 +70,19 @@ def main() -> int:
     trainer = build_trainer(TrainConfig(shards=str(args.shards)), LocalComm(), graph,
                             classes).method
 
-    def zero_exchange(plan, y):  # the client's send-side product, no messages
-        if plan.send_rows is not None:
-            plan.send_rows.matmul(y.detach().numpy())
-        return torch.zeros_like(y)
+    class ZeroSum:
+        """The cross-client sum's hook with the client's send-side product and no messages."""
+
+        def __call__(self, plan, y):
+            if plan.send_rows is not None:
+                plan.send_rows.matmul(y.detach())
+            return torch.zeros_like(y)
+
+        def add_into(self, plan, y, total):
+            self(plan, y)
+
+    for layer in trainer.model.layers:
+        layer.cross_sums = [ZeroSum()]
 
     phases: dict[str, float] = {}
 
@@ -95,14 +104,16 @@ def main() -> int:
         trainer.optimizer.zero_grad(set_to_none=False)
         x = select_rows(trainer.x, operator.rows)
         tick("gather rows")
-        logits = trainer.model(x, operator, zero_exchange, trainer.setup.dropout_rng)
+        logits = trainer.model(x, operator, trainer.setup.dropout_rng)
         tick("forward")
-        train = torch.from_numpy(graph.train_mask[operator.rows])
+        train = torch.from_numpy(graph.train_mask)[operator.rows]
         loss = F.cross_entropy(logits[train], trainer.setup.y[operator.rows][train], reduction="sum")
         tick("loss")
         loss.backward()
         tick("backward")
-        set_flat_grads(trainer.model, flat_grads(trainer.model))
+        parameters = list(trainer.model.parameters())
+        for p, grad in zip(parameters, unflatten(flatten(gradients(trainer.model)), parameters)):
+            p.grad = grad
         tick("flatten gradients")
         trainer.optimizer.step()
         tick("optimizer")

@@ -1,8 +1,8 @@
 """Every MPI call of the program. The only module that imports mpi4py.
 
 Rank 0 is the server; rank r >= 1 serves client r - 1 (``client_of_rank``). Hot-loop calls use
-upper-case buffer collectives on contiguous numpy arrays; lower-case (pickled) calls are used only
-for set-up metadata, checkpoints and errors.
+upper-case buffer collectives on contiguous host tensors (passed to MPI as numpy views, no copy);
+lower-case (pickled) calls are used only for set-up metadata, checkpoints and errors.
 
 Traffic is counted as logical payload per rank: what a rank contributes to a collective is
 "sent", what it gets back is "received", whatever tree or ring MPI uses underneath.
@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
+import torch
 
 from fgl_common.launch import RUNTIME_TUNING
 
@@ -26,15 +27,16 @@ for _name, _value in RUNTIME_TUNING.items():
 
 from mpi4py import MPI  # noqa: E402
 
+from fgl_common.arrays import offsets  # noqa: E402
 from mpifgl.communicator import SERVER_RANK, TrafficCounters, client_of_rank  # noqa: E402
 
 ABORT_PAUSE_SECONDS = 0.2
 
 
-_MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE,
-              np.dtype(np.int32): MPI.INT32_T, np.dtype(np.int64): MPI.INT64_T,
-              # --secure: masked values in the rings Z_2^32 / Z_2^64 (MPI_SUM wraps unsigned)
-              np.dtype(np.uint32): MPI.UINT32_T, np.dtype(np.uint64): MPI.UINT64_T}
+MPI_TYPES = {torch.float32: MPI.FLOAT, torch.float64: MPI.DOUBLE,
+             torch.int32: MPI.INT32_T, torch.int64: MPI.INT64_T,
+             # --secure: masked values in the rings Z_2^32 / Z_2^64 (MPI_SUM wraps unsigned)
+             torch.uint32: MPI.UINT32_T, torch.uint64: MPI.UINT64_T}
 MAX_MPI_COUNT = 2 ** 31 - 1  # MPI's int counts and displacements
 
 
@@ -49,7 +51,17 @@ def _checked_counts(counts: np.ndarray) -> np.ndarray:
 
 
 def _displacements(counts: np.ndarray) -> np.ndarray:
-    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    return offsets(counts)[:-1]
+
+
+def _buffer(tensor: torch.Tensor) -> tuple[np.ndarray, "MPI.Datatype"]:
+    """A host tensor as MPI's [buffer, type]: a numpy view of its contiguous memory."""
+    if tensor.device.type != "cpu":
+        raise ValueError(f"an MPI buffer on {tensor.device}: copy it to host memory first")
+    if tensor.dtype not in MPI_TYPES:
+        raise ValueError(f"an MPI buffer of {tensor.dtype}, expected one of "
+                         f"{', '.join(str(t) for t in MPI_TYPES)}")
+    return tensor.contiguous().numpy(), MPI_TYPES[tensor.dtype]
 
 
 class MPICommunicator(TrafficCounters):
@@ -98,76 +110,75 @@ class MPICommunicator(TrafficCounters):
             self.exchange_bytes_sent += int(sent)
             self.exchange_bytes_received += int(received)
 
-    def gatherv(self, send: np.ndarray, counts: np.ndarray | None) -> np.ndarray | None:
+    def gatherv(self, send: torch.Tensor, counts: np.ndarray | None) -> torch.Tensor | None:
         """Every rank's 1-D or 2-D buffer end to end at the server. ``counts``: int64 [size],
         elements per rank, given at the server only (the server's own entry included). Returns
         the flat concatenation [sum(counts)] at the server, None elsewhere."""
-        send = np.ascontiguousarray(send)
-        mpi_type = _MPI_TYPES[send.dtype]
+        buffer, mpi_type = _buffer(send)
         if not self.is_server:
-            self._timed(self.comm.Igatherv, [send, mpi_type], None, SERVER_RANK)
-            self._count(send.nbytes, 0)
+            self._timed(self.comm.Igatherv, [buffer, mpi_type], None, SERVER_RANK)
+            self._count(buffer.nbytes, 0)
             return None
         counts = _checked_counts(counts)
-        gathered = np.empty(int(counts.sum()), dtype=send.dtype)
-        self._timed(self.comm.Igatherv, [send, mpi_type],
-                    [gathered, (counts, _displacements(counts)), mpi_type], SERVER_RANK)
-        self._count(0, gathered.nbytes - send.nbytes)
+        gathered = torch.empty(int(counts.sum()), dtype=send.dtype)
+        self._timed(self.comm.Igatherv, [buffer, mpi_type],
+                    [gathered.numpy(), (counts, _displacements(counts)), mpi_type], SERVER_RANK)
+        self._count(0, gathered.nbytes - buffer.nbytes)
         return gathered
 
-    def scatterv(self, send: np.ndarray | None, counts: np.ndarray | None, receive_count: int,
-                 dtype: np.dtype) -> np.ndarray:
+    def scatterv(self, send: torch.Tensor | None, counts: np.ndarray | None, receive_count: int,
+                 dtype: torch.dtype) -> torch.Tensor:
         """The server's flat ``send`` cut into ``counts`` (int64 [size], elements per rank,
         server only); every rank gets its ``receive_count`` elements, flat."""
-        received = np.empty(int(receive_count), dtype=dtype)
-        mpi_type = _MPI_TYPES[np.dtype(dtype)]
+        received = torch.empty(int(receive_count), dtype=dtype)
+        target = [received.numpy(), MPI_TYPES[dtype]]
         if self.is_server:
             counts = _checked_counts(counts)
-            send = np.ascontiguousarray(send)
-            self._timed(self.comm.Iscatterv, [send, (counts, _displacements(counts)), mpi_type],
-                        [received, mpi_type], SERVER_RANK)
-            self._count(int(counts.sum()) * send.itemsize - received.nbytes, 0)
+            buffer, mpi_type = _buffer(send)
+            self._timed(self.comm.Iscatterv, [buffer, (counts, _displacements(counts)), mpi_type],
+                        target, SERVER_RANK)
+            self._count(int(counts.sum()) * buffer.itemsize - received.nbytes, 0)
         else:
-            self._timed(self.comm.Iscatterv, None, [received, mpi_type], SERVER_RANK)
+            self._timed(self.comm.Iscatterv, None, target, SERVER_RANK)
             self._count(0, received.nbytes)
         return received
 
-    def reduce_sum(self, buffer: np.ndarray) -> np.ndarray | None:
+    def reduce_sum(self, buffer: torch.Tensor) -> torch.Tensor | None:
         """MPI_Reduce(SUM) of one buffer shape on every rank; the server's buffer is summed in
         place (IN_PLACE) and returned, None elsewhere. Other client ranks may add partial sums
         (a tree)."""
-        buffer = np.ascontiguousarray(buffer)
-        mpi_type = _MPI_TYPES[buffer.dtype]
-        _checked_counts(np.asarray([buffer.size]))
+        buffer = buffer.contiguous()
+        array, mpi_type = _buffer(buffer)
+        _checked_counts(np.asarray([array.size]))
         if self.is_server:
-            self._timed(self.comm.Ireduce, MPI.IN_PLACE, [buffer, mpi_type], MPI.SUM, SERVER_RANK)
-            self._count(0, buffer.nbytes * (self.size - 1))
+            self._timed(self.comm.Ireduce, MPI.IN_PLACE, [array, mpi_type], MPI.SUM, SERVER_RANK)
+            self._count(0, array.nbytes * (self.size - 1))
             return buffer
-        self._timed(self.comm.Ireduce, [buffer, mpi_type], None, MPI.SUM, SERVER_RANK)
-        self._count(buffer.nbytes, 0)
+        self._timed(self.comm.Ireduce, [array, mpi_type], None, MPI.SUM, SERVER_RANK)
+        self._count(array.nbytes, 0)
         return None
 
-    def gather_equal(self, send: np.ndarray) -> np.ndarray | None:
+    def gather_equal(self, send: torch.Tensor) -> torch.Tensor | None:
         """MPI_Gather of one buffer shape from every rank -> [size, *shape] at the server."""
-        send = np.ascontiguousarray(send)
-        mpi_type = _MPI_TYPES[send.dtype]
-        _checked_counts(np.asarray([send.size * self.size]))
+        array, mpi_type = _buffer(send)
+        _checked_counts(np.asarray([array.size * self.size]))
         if self.is_server:
-            gathered = np.empty((self.size,) + send.shape, dtype=send.dtype)
-            self._timed(self.comm.Igather, [send, mpi_type], [gathered, mpi_type], SERVER_RANK)
-            self._count(0, send.nbytes * (self.size - 1))
+            gathered = torch.empty((self.size,) + tuple(send.shape), dtype=send.dtype)
+            self._timed(self.comm.Igather, [array, mpi_type], [gathered.numpy(), mpi_type],
+                        SERVER_RANK)
+            self._count(0, array.nbytes * (self.size - 1))
             return gathered
-        self._timed(self.comm.Igather, [send, mpi_type], None, SERVER_RANK)
-        self._count(send.nbytes, 0)
+        self._timed(self.comm.Igather, [array, mpi_type], None, SERVER_RANK)
+        self._count(array.nbytes, 0)
         return None
 
-    def broadcast_array(self, values: np.ndarray | None) -> np.ndarray:
-        """The server's int64 1-D array on every rank (its length travels first)."""
+    def broadcast_array(self, values: torch.Tensor | None) -> torch.Tensor:
+        """The server's int64 1-D tensor on every rank (its length travels first)."""
         length = np.asarray([values.shape[0] if self.is_server else 0], dtype=np.int64)
         self._timed(self.comm.Ibcast, [length, MPI.INT64_T], SERVER_RANK)
-        out = (np.ascontiguousarray(values, dtype=np.int64) if self.is_server
-               else np.empty(int(length[0]), dtype=np.int64))
-        self._timed(self.comm.Ibcast, [out, MPI.INT64_T], SERVER_RANK)
+        out = (values.to(torch.int64).contiguous() if self.is_server
+               else torch.empty(int(length[0]), dtype=torch.int64))
+        self._timed(self.comm.Ibcast, [out.numpy(), MPI.INT64_T], SERVER_RANK)
         if self.is_server:
             self._count((out.nbytes + length.nbytes) * (self.size - 1), 0)
         else:
@@ -175,63 +186,73 @@ class MPICommunicator(TrafficCounters):
         return out
 
     # -- small sums and gathers ------------------------------------------------------------
-    def sum_to_all(self, values: np.ndarray) -> np.ndarray:
-        """Sum a float64/int64 vector over ranks at the server, then broadcast the sum: every rank
-        gets bit-identical values (unlike an Allreduce, where that is not guaranteed)."""
-        values = np.ascontiguousarray(values)
-        total = np.empty_like(values)
-        mpi_type = _MPI_TYPES[values.dtype]
-        self._timed(self.comm.Ireduce, [values, mpi_type], [total, mpi_type], MPI.SUM, SERVER_RANK)
-        self._timed(self.comm.Ibcast, [total, mpi_type], SERVER_RANK)
-        self.bytes_sent += values.nbytes if not self.is_server else total.nbytes * (self.size - 1)
-        self.bytes_received += total.nbytes if not self.is_server else values.nbytes * (self.size - 1)
+    def sum_to_all(self, values: torch.Tensor, segments: list[int] | None = None) -> torch.Tensor:
+        """Sum a vector over ranks at the server, then broadcast the sum: every rank gets
+        bit-identical values (unlike an Allreduce, where that is not guaranteed)."""
+        array, mpi_type = _buffer(values)
+        total = torch.empty_like(values)
+        self._timed(self.comm.Ireduce, [array, mpi_type], [total.numpy(), mpi_type], MPI.SUM,
+                    SERVER_RANK)
+        self._timed(self.comm.Ibcast, [total.numpy(), mpi_type], SERVER_RANK)
+        if self.is_server:
+            self._count(total.nbytes * (self.size - 1), array.nbytes * (self.size - 1))
+        else:
+            self._count(array.nbytes, total.nbytes)
         return total
 
-    def sum_to_server(self, values: np.ndarray) -> np.ndarray | None:
-        values = np.ascontiguousarray(values)
-        mpi_type = _MPI_TYPES[values.dtype]
-        total = np.empty_like(values) if self.is_server else None
-        self._timed(self.comm.Ireduce, [values, mpi_type],
-                    [total, mpi_type] if self.is_server else None, MPI.SUM, SERVER_RANK)
+    def sum_to_server(self, values: torch.Tensor) -> torch.Tensor | None:
+        array, mpi_type = _buffer(values)
+        total = torch.empty_like(values) if self.is_server else None
+        self._timed(self.comm.Ireduce, [array, mpi_type],
+                    [total.numpy(), mpi_type] if self.is_server else None, MPI.SUM, SERVER_RANK)
+        if self.is_server:
+            self._count(0, array.nbytes * (self.size - 1))
+        else:
+            self._count(array.nbytes, 0)
         return total
 
-    def max_to_all(self, values: np.ndarray) -> np.ndarray:
+    def max_to_all(self, values: torch.Tensor) -> torch.Tensor:
         """Element-wise maximum of an int64 vector over ranks, on every rank (--secure: the
-        fixed-point scale of a masked sum)."""
-        values = np.ascontiguousarray(values, dtype=np.int64)
-        result = np.empty_like(values)
-        self._timed(self.comm.Iallreduce, [values, MPI.INT64_T], [result, MPI.INT64_T], MPI.MAX)
-        self._count(values.nbytes, result.nbytes)
+        fixed-point range of a masked operation's first use)."""
+        array, _ = _buffer(values.to(torch.int64))
+        result = torch.empty(array.shape, dtype=torch.int64)
+        self._timed(self.comm.Iallreduce, [array, MPI.INT64_T], [result.numpy(), MPI.INT64_T],
+                    MPI.MAX)
+        self._count(array.nbytes, result.nbytes)
         return result
 
-    def gather_rows(self, row: np.ndarray) -> np.ndarray | None:
+    def gather_rows(self, row: torch.Tensor) -> torch.Tensor | None:
         """Gather one fixed-length float64 row per rank at the server -> [size, k]."""
-        row = np.ascontiguousarray(row, dtype=np.float64)
-        table = np.empty((self.size, row.shape[0]), dtype=np.float64) if self.is_server else None
-        self._timed(self.comm.Igather, [row, MPI.DOUBLE],
-                    [table, MPI.DOUBLE] if self.is_server else None, SERVER_RANK)
+        array, _ = _buffer(row.to(torch.float64))
+        table = torch.empty((self.size, array.shape[0]), dtype=torch.float64) \
+            if self.is_server else None
+        self._timed(self.comm.Igather, [array, MPI.DOUBLE],
+                    [table.numpy(), MPI.DOUBLE] if self.is_server else None, SERVER_RANK)
+        if self.is_server:
+            self._count(0, array.nbytes * (self.size - 1))
+        else:
+            self._count(array.nbytes, 0)
         return table
 
-    def allgather_rows(self, row: np.ndarray) -> np.ndarray:
+    def allgather_rows(self, row: torch.Tensor) -> torch.Tensor:
         """Every rank's int64 vector, one length on all ranks -> [size, length] on every rank."""
-        row = np.ascontiguousarray(row, dtype=np.int64)
-        table = np.empty((self.size, row.shape[0]), dtype=np.int64)
-        self._timed(self.comm.Iallgather, [row, MPI.INT64_T], [table, MPI.INT64_T])
-        self.bytes_sent += row.nbytes
-        self.bytes_received += table.nbytes
+        array, _ = _buffer(row.to(torch.int64))
+        table = torch.empty((self.size, array.shape[0]), dtype=torch.int64)
+        self._timed(self.comm.Iallgather, [array, MPI.INT64_T], [table.numpy(), MPI.INT64_T])
+        self._count(array.nbytes, table.nbytes)
         return table
 
-    def gatherv_rows(self, rows: np.ndarray) -> list[np.ndarray] | None:
-        """Gather variable-length 2-D arrays of one dtype and width at the server (end of run):
+    def gatherv_rows(self, rows: torch.Tensor) -> list[torch.Tensor] | None:
+        """Gather variable-length 2-D tensors of one dtype and width at the server (end of run):
         the row counts travel first, then the rows through ``gatherv``."""
-        rows = np.ascontiguousarray(rows)
+        rows = rows.contiguous()
         width = rows.shape[1]
         counts = np.asarray(self.comm.gather(rows.shape[0], root=SERVER_RANK) or [], np.int64)
         flat = self.gatherv(rows, counts * width if self.is_server else None)
         if flat is None:
             return None
-        starts = np.concatenate([[0], np.cumsum(counts)]) * width
-        return [flat[starts[r]:starts[r + 1]].reshape(-1, width) for r in range(self.size)]
+        starts = offsets(counts) * width
+        return [flat[starts[r]:starts[r + 1]].view(-1, width) for r in range(self.size)]
 
     # -- set-up, checkpoints, errors (pickled, rare) --------------------------------------------
     def broadcast_object(self, value: Any) -> Any:

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from typing import Any, ContextManager, Iterator, Protocol, runtime_checkable
 
 import numpy as np
+import torch
 
 SERVER_RANK = 0
 
@@ -38,8 +39,9 @@ def rank_of_client(client_id: int) -> int:
 @runtime_checkable
 class Communicator(Protocol):
     """What the program calls on a communicator. Every call below is collective: every rank of
-    the world makes it, in the same order. Arrays are numpy; "at the server" means the call
-    returns the result on the server and None elsewhere."""
+    the world makes it, in the same order. Buffers are torch tensors in host memory (a device
+    tensor is copied to the host first); counts are int64 numpy arrays. "At the server" means
+    the call returns the result on the server and None elsewhere."""
 
     rank: int
     size: int
@@ -58,53 +60,60 @@ class Communicator(Protocol):
 
     def reset_counters(self) -> None: ...
 
+    def extra_counters(self) -> dict[str, int]:
+        """Counts of this communicator's own events since reset_counters, for the epoch's
+        metrics (a masked communicator: its redone operations); empty for a plain one."""
+        ...
+
     def counting_exchange(self) -> ContextManager[None]:
         """Inside this block, traffic is also counted as the cross-client exchange's."""
         ...
 
     # -- buffer collectives (the cross-client exchange) --------------------------------------
-    def gatherv(self, send: np.ndarray, counts: np.ndarray | None) -> np.ndarray | None:
+    def gatherv(self, send: torch.Tensor, counts: np.ndarray | None) -> torch.Tensor | None:
         """Every rank's buffer end to end at the server, flat; ``counts`` [size] at the server."""
         ...
 
-    def scatterv(self, send: np.ndarray | None, counts: np.ndarray | None, receive_count: int,
-                 dtype: np.dtype) -> np.ndarray:
+    def scatterv(self, send: torch.Tensor | None, counts: np.ndarray | None, receive_count: int,
+                 dtype: torch.dtype) -> torch.Tensor:
         """The server's flat ``send`` cut into ``counts``; each rank gets its ``receive_count``."""
         ...
 
-    def reduce_sum(self, buffer: np.ndarray) -> np.ndarray | None:
+    def reduce_sum(self, buffer: torch.Tensor) -> torch.Tensor | None:
         """The sum of every rank's ``buffer`` at the server (in the server's buffer)."""
         ...
 
-    def gather_equal(self, send: np.ndarray) -> np.ndarray | None:
+    def gather_equal(self, send: torch.Tensor) -> torch.Tensor | None:
         """Every rank's buffer of one shape -> [size, *shape] at the server."""
         ...
 
-    def broadcast_array(self, values: np.ndarray | None) -> np.ndarray:
-        """The server's int64 1-D array on every rank."""
+    def broadcast_array(self, values: torch.Tensor | None) -> torch.Tensor:
+        """The server's int64 1-D tensor on every rank."""
         ...
 
     # -- small sums and gathers --------------------------------------------------------------
-    def sum_to_all(self, values: np.ndarray) -> np.ndarray:
-        """The sum over ranks on every rank, bit-identical everywhere."""
+    def sum_to_all(self, values: torch.Tensor, segments: list[int] | None = None) -> torch.Tensor:
+        """The sum over ranks on every rank, bit-identical everywhere. ``segments``: lengths of
+        pieces of ``values`` that may be scaled apart (a masked sum's fixed point; a plain sum
+        ignores them)."""
         ...
 
-    def sum_to_server(self, values: np.ndarray) -> np.ndarray | None: ...
+    def sum_to_server(self, values: torch.Tensor) -> torch.Tensor | None: ...
 
-    def max_to_all(self, values: np.ndarray) -> np.ndarray:
+    def max_to_all(self, values: torch.Tensor) -> torch.Tensor:
         """The element-wise maximum of an int64 vector over ranks, on every rank."""
         ...
 
-    def gather_rows(self, row: np.ndarray) -> np.ndarray | None:
+    def gather_rows(self, row: torch.Tensor) -> torch.Tensor | None:
         """One float64 row per rank -> [size, k] at the server."""
         ...
 
-    def allgather_rows(self, row: np.ndarray) -> np.ndarray:
+    def allgather_rows(self, row: torch.Tensor) -> torch.Tensor:
         """One int64 row per rank, one length everywhere -> [size, k] on every rank."""
         ...
 
-    def gatherv_rows(self, rows: np.ndarray) -> list[np.ndarray] | None:
-        """Every rank's 2-D array (one width) -> one array per rank at the server."""
+    def gatherv_rows(self, rows: torch.Tensor) -> list[torch.Tensor] | None:
+        """Every rank's 2-D tensor (one width) -> one tensor per rank at the server."""
         ...
 
     # -- set-up, checkpoints, errors (pickled, rare) -----------------------------------------
@@ -136,6 +145,9 @@ class TrafficCounters:
         self.bytes_sent = self.bytes_received = 0
         self.exchange_bytes_sent = self.exchange_bytes_received = 0  # terms and their row ids
 
+    def extra_counters(self) -> dict[str, int]:
+        return {}
+
 
 class LocalComm(TrafficCounters):
     """The world of one process holding the whole graph: the server and client 0 at once.
@@ -155,47 +167,47 @@ class LocalComm(TrafficCounters):
         yield  # one rank moves no bytes
 
     # -- buffer collectives ------------------------------------------------------------------
-    def gatherv(self, send: np.ndarray, counts: np.ndarray | None) -> np.ndarray:
-        flat = np.array(send).reshape(-1)
+    def gatherv(self, send: torch.Tensor, counts: np.ndarray | None) -> torch.Tensor:
+        flat = send.reshape(-1).clone()
         _check_counts(counts, flat.shape[0], "gatherv")
         return flat
 
-    def scatterv(self, send: np.ndarray | None, counts: np.ndarray | None, receive_count: int,
-                 dtype: np.dtype) -> np.ndarray:
-        flat = np.asarray(send, dtype=dtype).reshape(-1)
+    def scatterv(self, send: torch.Tensor | None, counts: np.ndarray | None, receive_count: int,
+                 dtype: torch.dtype) -> torch.Tensor:
+        flat = send.reshape(-1).to(dtype)
         _check_counts(counts, flat.shape[0], "scatterv")
         if int(receive_count) != flat.shape[0]:
             raise ValueError(f"scatterv: receive count {receive_count}, the one rank is sent "
                              f"{flat.shape[0]} elements")
-        return flat.copy()
+        return flat.clone()
 
-    def reduce_sum(self, buffer: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(buffer)
+    def reduce_sum(self, buffer: torch.Tensor) -> torch.Tensor:
+        return buffer.contiguous()
 
-    def gather_equal(self, send: np.ndarray) -> np.ndarray:
-        return np.array(send)[None]
+    def gather_equal(self, send: torch.Tensor) -> torch.Tensor:
+        return send.clone()[None]
 
-    def broadcast_array(self, values: np.ndarray | None) -> np.ndarray:
-        return np.array(values, dtype=np.int64)
+    def broadcast_array(self, values: torch.Tensor | None) -> torch.Tensor:
+        return values.to(torch.int64, copy=True)
 
     # -- small sums and gathers --------------------------------------------------------------
-    def sum_to_all(self, values: np.ndarray) -> np.ndarray:
-        return np.array(values)
+    def sum_to_all(self, values: torch.Tensor, segments: list[int] | None = None) -> torch.Tensor:
+        return values.clone()
 
-    def sum_to_server(self, values: np.ndarray) -> np.ndarray:
-        return np.array(values)
+    def sum_to_server(self, values: torch.Tensor) -> torch.Tensor:
+        return values.clone()
 
-    def max_to_all(self, values: np.ndarray) -> np.ndarray:
-        return np.array(values, dtype=np.int64)
+    def max_to_all(self, values: torch.Tensor) -> torch.Tensor:
+        return values.to(torch.int64, copy=True)
 
-    def gather_rows(self, row: np.ndarray) -> np.ndarray:
-        return np.array(row, dtype=np.float64)[None, :]
+    def gather_rows(self, row: torch.Tensor) -> torch.Tensor:
+        return row.to(torch.float64, copy=True)[None, :]
 
-    def allgather_rows(self, row: np.ndarray) -> np.ndarray:
-        return np.array(row, dtype=np.int64)[None, :]
+    def allgather_rows(self, row: torch.Tensor) -> torch.Tensor:
+        return row.to(torch.int64, copy=True)[None, :]
 
-    def gatherv_rows(self, rows: np.ndarray) -> list[np.ndarray]:
-        return [np.array(rows)]
+    def gatherv_rows(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        return [rows.clone()]
 
     # -- set-up, checkpoints, errors ---------------------------------------------------------
     def broadcast_object(self, value: Any) -> Any:

@@ -13,14 +13,12 @@ from typing import Any
 
 from fgl_common.cli import (CommaSeparated, add_dataclass_arguments,
                              dataclass_from_namespace, option)
+from mpifgl.registry import BACKBONES, EXCHANGES, METHODS, SAMPLINGS, maskable
 
-ALGOS = ("ours", "centralized", "graphsage", "graphsaint", "fedavg", "fedavg-nc", "bns")
-BACKBONES = ("gcn", "1gnn")
-SAMPLINGS = ("label", "uniform", "none")
 DTYPES = ("float32", "float64")
 # --secure masks the compact exchange of the distributed GNN (docs/privacy.md says why no other)
-SECURE_ALGOS = ("ours", "bns")
-SECURE_EXCHANGES = ("compact",)
+SECURE_ALGOS = maskable(METHODS)
+SECURE_EXCHANGES = maskable(EXCHANGES)
 
 
 @dataclass(frozen=True)
@@ -37,9 +35,9 @@ class TrainConfig:
     algo: str = option("ours", "ours = distributed model over MPI; centralized = same model code "
                                "on the whole graph in one process (the reference); baselines: "
                                "graphsage, graphsaint (centralized), fedavg, fedavg-nc, bns "
-                               "(over MPI); see docs/algorithms.md", ALGOS)
-    backbone: str = option("gcn", "gcn (Kipf & Welling) or 1gnn (Morris et al., PyG GraphConv)",
-                           BACKBONES)
+                               "(over MPI); see docs/algorithms.md", tuple(METHODS))
+    backbone: str = option("gcn", "; ".join(f"{e.name} = {e.summary}" for e in BACKBONES.values()),
+                           tuple(BACKBONES))
     layers: int = option(2, "number of graph layers (paper: 2 on PubMed)")
     hidden: int = option(128, "hidden width (paper: 128)")
     dropout: float = option(0.2, "dropout on every layer's input (paper: 0.2)")
@@ -49,19 +47,13 @@ class TrainConfig:
     # Sampling (paper section 2.2)
     sampling: str = option("label", "label = label-guided (ours); uniform = same estimator with "
                                     "uniform Q; none = full graph every step (ours-full; the "
-                                    "default of --algo centralized)", SAMPLINGS)
+                                    "default of --algo centralized)", tuple(SAMPLINGS))
     sample_size: int = option(0, "draws s per step over all clients, split s_i = n_i s / n; "
                                  "0: a quarter of the nodes, rounded up (so 4 steps make a pass)")
     no_normalize: bool = option(False, "drop the 1/p(u) normalisation (the ablation ours*)")
-    exchange: str = option("compact", "how the server sums the cross-client terms: compact = each "
-                                      "client sends only its non-zero rows (ids once per sample), "
-                                      "summed at the server (Gatherv); compact-reduce = the same "
-                                      "rows summed by MPI_Reduce over the rows any client touches "
-                                      "(partial sums may be added on other client ranks); reduce "
-                                      "= MPI_Reduce of a dense buffer of every sampled row; star = "
-                                      "dense buffers gathered and summed at the server only. See "
-                                      "docs/training.md",
-                           ("compact", "compact-reduce", "reduce", "star"))
+    exchange: str = option("compact", "how the server sums the cross-client terms: " + "; ".join(
+        f"{e.name} = {e.summary}" for e in EXCHANGES.values()) + ". See docs/training.md",
+                           tuple(EXCHANGES))
     exchange_buffer_mb: float = option(64.0, "most MB of exchange buffers a rank holds at once: "
                                               "larger exchanges run in chunks of rows (a chunk "
                                               "holds at least one row)")

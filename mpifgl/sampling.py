@@ -1,6 +1,6 @@
 """Label-guided node sampling (paper section 2.2, eq. 4). Plain numpy, no MPI.
 
-Decisions (DESIGN.md asks for them to be stated and tested):
+Decisions (docs/design.md section 1 asks for them to be stated and tested):
 
 * Groups. Q is driven by *training* labels only, the only labels a transductive client may use.
   Every node without a training label (validation, test, unlabelled) falls in one extra group,
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SAMPLERS = ("label", "uniform")
+from mpifgl.registry import SAMPLINGS, lookup
 
 
 def node_groups(y: np.ndarray, train_mask: np.ndarray, num_classes: int) -> np.ndarray:
@@ -50,7 +50,9 @@ def label_guided_distribution(groups: np.ndarray, global_counts: np.ndarray) -> 
     return q
 
 
-def uniform_distribution(num_nodes: int) -> np.ndarray:
+def uniform_distribution(groups: np.ndarray, global_counts: np.ndarray) -> np.ndarray:
+    """Every local node equally likely (float64 [n_i]); the counts are not used."""
+    num_nodes = groups.shape[0]
     return np.full(num_nodes, 1.0 / num_nodes) if num_nodes else np.zeros(0)
 
 
@@ -110,8 +112,8 @@ class NodeSampler:
 
 
 def make_distribution(kind: str, groups: np.ndarray, global_counts: np.ndarray) -> np.ndarray:
-    if kind == "label":
-        return label_guided_distribution(groups, global_counts)
-    if kind == "uniform":
-        return uniform_distribution(groups.shape[0])
-    raise ValueError(f"sampler {kind!r}, expected one of {', '.join(SAMPLERS)}")
+    """Q_i of ``--sampling kind`` (one of the registry's samplings that draw nodes)."""
+    entry = lookup(SAMPLINGS, "sampling", kind)
+    if not entry.path:
+        raise ValueError(f"--sampling {kind!r} draws no nodes (the full graph every step)")
+    return entry.load()(groups, global_counts)

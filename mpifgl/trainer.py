@@ -23,10 +23,11 @@ import torch
 from mpifgl.communicator import Communicator
 from mpifgl.config import TrainConfig
 from mpifgl.graph import ClientGraph
+from mpifgl.model import GNN
 from mpifgl.optim import Adam
 from mpifgl.runlog import CHECKPOINT_NAME, RunDirectory
 from mpifgl.sampling import group_counts, node_groups
-from mpifgl.secure import SecureSession
+from mpifgl.secure import MaskedSums, SecureSession
 
 log = logging.getLogger("mpifgl")
 SPLITS = ("train", "val", "test")
@@ -41,7 +42,10 @@ def peak_rss_mb() -> float:
 
 @dataclass
 class RankSetup:
-    """What every method of a rank starts from. ``create`` is collective (one sum over ranks)."""
+    """What every method of a rank starts from. ``create`` is collective (one sum over ranks).
+    With --secure, ``comm`` masks its sums over ranks (``mpifgl.secure.MaskedSums``) and
+    ``masking`` is the session the exchange masks with; the methods call the same sums either
+    way."""
 
     config: TrainConfig
     comm: Communicator
@@ -57,20 +61,22 @@ class RankSetup:
     sample_rng: np.random.Generator
     dropout_rng: np.random.Generator
     # --secure: this run's keys (agreed in create, held in memory only); None without masking
-    secure: SecureSession | None = None
+    masking: SecureSession | None = None
 
     @classmethod
     def create(cls, config: TrainConfig, comm: Communicator, graph: ClientGraph,
                num_classes: int) -> "RankSetup":
         """One sum over ranks gives the global group counts (for the sampler) and split sizes;
         with --secure the keys are agreed first (collective) and the sum is masked."""
-        secure = (SecureSession.agree(comm) if config.secure and not comm.is_single_process
-                  else None)
+        masking = None
+        if config.secure and not comm.is_single_process:
+            masking = SecureSession.agree(comm)
+            comm = MaskedSums(comm, masking)
         masks = {"train": graph.train_mask, "val": graph.val_mask, "test": graph.test_mask}
         groups = node_groups(graph.y, graph.train_mask, num_classes)
         local = np.concatenate([group_counts(groups, num_classes),
                                 [int(masks[s].sum()) for s in SPLITS]]).astype(np.int64)
-        totals = secure.sum_to_all(comm, local) if secure is not None else comm.sum_to_all(local)
+        totals = comm.sum_to_all(torch.from_numpy(local)).numpy()
         seeds = np.random.SeedSequence([config.seed, comm.rank]).generate_state(2)
         return cls(config, comm, graph, num_classes,
                    torch.float64 if config.dtype == "float64" else torch.float32,
@@ -78,7 +84,14 @@ class RankSetup:
                    totals[:num_classes + 1],
                    dict(zip(SPLITS, (int(v) for v in totals[num_classes + 1:]))),
                    np.random.default_rng(int(seeds[0])), np.random.default_rng(int(seeds[1])),
-                   secure)
+                   masking)
+
+    def gnn_and_optimizer(self) -> tuple[GNN, Adam]:
+        """The configured GNN (same initial weights on every rank) and its Adam."""
+        config = self.config
+        model = GNN(config.backbone, self.graph.x.shape[1], config.hidden, self.num_classes,
+                    config.layers, config.dropout, config.weight_seed, self.dtype)
+        return model, Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
 
 
 class TrainingMethod(Protocol):
@@ -152,9 +165,7 @@ class Trainer:
         correct = (logits.argmax(dim=1) == self.setup.y).numpy()
         counts = np.asarray([correct[self.setup.masks[s]].sum() for s in SPLITS],
                             dtype=np.float64)
-        secure = self.setup.secure
-        totals = (secure.sum_to_server(self.comm, counts) if secure is not None
-                  else self.comm.sum_to_server(counts))
+        totals = self.comm.sum_to_server(torch.from_numpy(counts))
         if totals is None:
             return None
         return {f"{s}_micro_f1": float(totals[k]) / max(1, self.setup.global_split_counts[s])
@@ -165,7 +176,6 @@ class Trainer:
         config = self.config
         for epoch in range(self.state.epoch + 1, config.epochs + 1):
             self.comm.reset_counters()
-            redos_before = self.setup.secure.redos if self.setup.secure is not None else 0
             start = time.perf_counter()
             losses = [self.train_step() for _ in range(config.steps_per_epoch)]
             train_seconds = time.perf_counter() - start
@@ -177,22 +187,19 @@ class Trainer:
             stats = np.asarray([epoch_seconds, train_seconds - train_comm, train_comm,
                                 self.comm.bytes_sent, self.comm.bytes_received, peak_rss_mb(),
                                 self.comm.exchange_bytes_sent, self.comm.exchange_bytes_received])
-            table = self.comm.gather_rows(stats)
+            counters = self.comm.extra_counters()
+            table = self.comm.gather_rows(torch.from_numpy(stats))
             self.state.epoch = epoch
             if self.comm.is_server:
-                # every rank runs the same redos: the server's count is the run's
-                redos = (self.setup.secure.redos - redos_before
-                         if self.setup.secure is not None else None)
-                self._record_epoch(epoch, float(np.mean(losses)), scores, table, redos)
+                self._record_epoch(epoch, float(np.mean(losses)), scores, table.numpy(),
+                                   counters)
             if config.checkpoint_every and epoch % config.checkpoint_every == 0:
                 self.save_checkpoint()
         return self.finish()
 
     def _record_epoch(self, epoch: int, loss: float, scores: dict[str, float] | None,
-                      table: np.ndarray, secure_redos: int | None) -> None:
-        record: dict[str, Any] = {"epoch": epoch, "loss": loss}
-        if secure_redos is not None:  # masked operations run again (a term outgrew its range)
-            record["secure_redos"] = secure_redos
+                      table: np.ndarray, counters: dict[str, int]) -> None:
+        record: dict[str, Any] = {"epoch": epoch, "loss": loss, **counters}
         if scores is not None:
             record.update(scores)
             if scores["val_micro_f1"] > self.state.best.val:
@@ -224,17 +231,18 @@ class Trainer:
         """Final outputs: model.pt, logits.npy (optional), final.json."""
         logits_local = None
         if self.config.save_logits:
-            logits_local = self.method.full_logits().numpy()
+            logits_local = self.method.full_logits()
         parts = self.comm.gatherv_rows(logits_local) if logits_local is not None else None
-        ids = (self.comm.gatherv_rows(self.graph.global_id[:, None].astype(np.int64))
+        ids = (self.comm.gatherv_rows(torch.from_numpy(self.graph.global_id[:, None]
+                                                       .astype(np.int64)))
                if logits_local is not None else None)
         if not self.comm.is_server:
             return None
         assert self.run_dir is not None
         self.run_dir.save_torch("model.pt", self.model.state_dict())
         if parts is not None and ids is not None:
-            global_ids = np.concatenate([p[:, 0] for p in ids])
-            stacked = np.concatenate(parts)
+            global_ids = np.concatenate([p[:, 0].numpy() for p in ids])
+            stacked = np.concatenate([p.numpy() for p in parts])
             logits = np.empty_like(stacked)
             logits[global_ids] = stacked
             self.run_dir.save_logits(logits)

@@ -22,7 +22,7 @@ def import_errors(algos: list[str]) -> dict[str, str]:
     errors = {}
     for algo in algos:
         try:
-            get_method(algo).builder()
+            get_method(algo).load()
         except Exception as exc:  # any failure to import makes the method unavailable
             errors[algo] = f"{type(exc).__name__}: {exc}"
     return errors

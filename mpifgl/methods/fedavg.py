@@ -37,45 +37,25 @@ import torch.nn.functional as F
 
 from mpifgl.communicator import Communicator
 from mpifgl.graph import ClientGraph, build_operator
-from mpifgl.model import GNN, make_features
-from mpifgl.optim import Adam
+from mpifgl.model import flatten, make_features, unflatten
 from mpifgl.trainer import RankSetup
 
 # -- aggregation: pure functions (tested with hand-computed values) ------------------------------
 
 
-def flat_parameters(model: torch.nn.Module) -> np.ndarray:
-    """All parameters in one float64 vector (model.parameters() order)."""
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).to(torch.float64).numpy()
+def fedavg_contribution(params: torch.Tensor, weight: float, loss: float) -> torch.Tensor:
+    """What one client adds to the round's sum (float64): [weight * params, weight * loss,
+    weight]."""
+    return torch.cat([params.to(torch.float64) * weight,
+                      torch.tensor([weight * loss, weight], dtype=torch.float64)])
 
 
-def set_flat_parameters(model: torch.nn.Module, flat: np.ndarray) -> None:
-    position = 0
-    with torch.no_grad():
-        for p in model.parameters():
-            count = p.numel()
-            p.copy_(torch.from_numpy(flat[position:position + count]).view_as(p).to(p.dtype))
-            position += count
-    assert position == flat.shape[0], "parameter vector length does not match the model"
-
-
-def fedavg_contribution(params: np.ndarray, weight: float, loss: float) -> np.ndarray:
-    """What one client adds to the round's sum: [weight * params, weight * loss, weight]."""
-    return np.concatenate([np.asarray(params, np.float64) * weight, [weight * loss, weight]])
-
-
-def fedavg_result(summed: np.ndarray) -> tuple[np.ndarray, float]:
+def fedavg_result(summed: torch.Tensor) -> tuple[torch.Tensor, float]:
     """From the sum of contributions: (weighted mean of the parameters, weighted mean loss)."""
     total = float(summed[-1])
     if total <= 0:
         raise ValueError("FedAvg round with total client weight 0 (no training nodes anywhere)")
     return summed[:-2] / total, float(summed[-2]) / total
-
-
-def weighted_average(params_by_client: list[np.ndarray], weights: list[float]) -> np.ndarray:
-    """sum_i w_i p_i / sum_i w_i through the same two functions the MPI path uses."""
-    summed = sum(fedavg_contribution(p, w, 0.0) for p, w in zip(params_by_client, weights))
-    return fedavg_result(summed)[0]
 
 
 # -- local graphs --------------------------------------------------------------------------------
@@ -164,10 +144,7 @@ class FedAvgMethod:
             raise ValueError(f"--algo {config.algo} needs training nodes: the shards have none")
         self.setup, self.comm = setup, comm
         self.config = config if config.steps_per_epoch else config.replace(steps_per_epoch=1)
-        self.model = GNN(config.backbone, graph.x.shape[1], config.hidden, setup.num_classes,
-                         config.layers, config.dropout, config.weight_seed, setup.dtype)
-        self.optimizer = Adam(self.model.parameters(), lr=config.lr,
-                              weight_decay=config.weight_decay)
+        self.model, self.optimizer = setup.gnn_and_optimizer()
         self.collected = np.zeros(0, np.int64)  # client-ordered ids added (FedAvg+nc)
         self.local = (self._collect_neighbours() if collect_neighbours else local_graph(graph))
         self.local_x = make_features(self.local.x, setup.dtype, config.feature_format)
@@ -194,7 +171,7 @@ class FedAvgMethod:
         """One full-batch step on the local graph with this client's own optimizer."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
-        logits = self.model(self.local_x, self.local_operator, None, self.setup.dropout_rng)
+        logits = self.model(self.local_x, self.local_operator, self.setup.dropout_rng)
         loss = F.cross_entropy(logits[self.local_train], self.local_y[self.local_train])
         loss.backward()
         self.optimizer.step()
@@ -202,21 +179,24 @@ class FedAvgMethod:
 
     def train_step(self) -> float:
         """One round: local epochs on every client, then the weighted average everywhere."""
-        loss, params = 0.0, flat_parameters(self.model)
         if self.comm.is_client and self.weight > 0:
             loss = float(np.mean([self.local_step() for _ in range(self.config.local_epochs)]))
-            params = flat_parameters(self.model)
+        else:
+            loss = 0.0
         weight = self.weight if self.comm.is_client else 0.0
-        summed = self.comm.sum_to_all(fedavg_contribution(params, weight, loss))
+        parameters = list(self.model.parameters())
+        summed = self.comm.sum_to_all(fedavg_contribution(flatten(parameters), weight, loss))
         average, mean_loss = fedavg_result(summed)
-        set_flat_parameters(self.model, average)
+        with torch.no_grad():
+            for p, value in zip(parameters, unflatten(average, parameters)):
+                p.copy_(value)
         return mean_loss
 
     # -- evaluation: own nodes only, local graph ------------------------------------------------
     @torch.no_grad()
     def full_logits(self) -> torch.Tensor:
         self.model.eval()
-        return self.model(self.local_x, self.local_operator, None)[:self.local.num_own]
+        return self.model(self.local_x, self.local_operator)[:self.local.num_own]
 
     # -- checkpoints: every client's Adam state is its own --------------------------------------
     def rank_state(self) -> dict[str, Any]:

@@ -21,10 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from mpifgl.config import TrainConfig
-from mpifgl.exchange import CrossClientExchange
-from mpifgl.graph import CrossExchangePlan, LayerOperator, build_operator, numpy_dtype
-from mpifgl.model import GNN, flat_grads, make_features, select_rows, set_flat_grads
-from mpifgl.optim import Adam
+from mpifgl.exchange import CrossClientSums, build_exchange
+from mpifgl.graph import build_operator
+from mpifgl.model import LayerOperator, flatten, gradients, make_features, select_rows, unflatten
 from mpifgl.sampling import (NodeSample, NodeSampler, client_sample_sizes, make_distribution,
                              steps_for_sample)
 from mpifgl.trainer import RankSetup
@@ -82,18 +81,16 @@ class GNNMethod:
         config, comm, graph = setup.config, setup.comm, setup.graph
         self.setup, self.comm, self.graph, self.sampler = setup, comm, graph, sampler
         self.dtype = setup.dtype
-        self.numpy_dtype = numpy_dtype(self.dtype)
         self.x = make_features(graph.x, self.dtype, config.feature_format)
-        self.model = GNN(config.backbone, graph.x.shape[1], config.hidden, setup.num_classes,
-                         config.layers, config.dropout, config.weight_seed, self.dtype)
-        self.optimizer = Adam(self.model.parameters(), lr=config.lr,
-                              weight_decay=config.weight_decay)
+        self.model, self.optimizer = setup.gnn_and_optimizer()
         self.exchanged = not comm.is_single_process  # cross-client terms go through the server
-        self.exchange = (CrossClientExchange(comm, config.exchange,
-                                             int(config.exchange_buffer_mb * 2 ** 20),
-                                             max(self.model.widths[1:]), self.numpy_dtype,
-                                             setup.secure)
-                         if self.exchanged else None)
+        self.cross_sums = None
+        if self.exchanged:
+            widths = [layer.out_dim for layer in self.model.layers]
+            self.cross_sums = CrossClientSums(build_exchange(
+                comm, config.exchange, int(config.exchange_buffer_mb * 2 ** 20), max(widths),
+                self.dtype, setup.masking))
+            self.cross_sums.attach(self.model)
         if sampler is not None:
             config = sampler.resolved(config)
         if config.steps_per_epoch == 0:
@@ -105,14 +102,15 @@ class GNNMethod:
     def prepared(self, operator: LayerOperator) -> LayerOperator:
         """Agree on the operator's exchange chunks with the other ranks (collective: the compact
         exchanges send their row ids to the server here, once per operator)."""
-        if self.exchange is not None and operator.exchange is not None:
-            self.exchange.prepare(operator.exchange)
+        if self.cross_sums is not None:
+            self.cross_sums.prepare(operator.exchange)
         return operator
 
     def start_pass(self, purpose: str) -> None:
-        """--secure: a training step's exchanges and an evaluation's keep separate exponents."""
-        if self.exchange is not None:
-            self.exchange.start_pass(purpose)
+        """A training step's exchanges and an evaluation's are separate slots (--secure keeps a
+        range per slot)."""
+        if self.cross_sums is not None:
+            self.cross_sums.start_pass(purpose)
 
     # -- one step -------------------------------------------------------------------------------
     def train_step(self) -> float:
@@ -149,7 +147,7 @@ class GNNMethod:
         packed = np.full(2 + capacity, -1, dtype=np.int64)
         packed[:2] = index.shape[0], train_rows
         packed[2:2 + index.shape[0]] = index
-        table = self.comm.allgather_rows(packed)
+        table = self.comm.allgather_rows(torch.from_numpy(packed)).numpy()
         by_rank = [row[2:2 + row[0]] for row in table]
         samples = by_rank if self.comm.is_single_process else by_rank[1:]  # the server's is empty
         operator = self.prepared(build_operator(self.graph, self.config.backbone, samples,
@@ -161,46 +159,32 @@ class GNNMethod:
         """Phases forward, loss, backward, gradient sum: leaves the GLOBAL gradient in every
         parameter's .grad on every rank and returns the global loss."""
         self.start_pass("train")
-        if not self.comm.is_client:
-            return self._server_loss_and_gradients(operator.exchange)
+        if not self.comm.is_client:  # the server runs no model: its side of the sums only
+            self.cross_sums.server_pass(operator.exchange, backward=True)
+            return self._sum_gradients_and_loss(
+                [torch.zeros_like(p) for p in self.model.parameters()], 0.0)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
         # The full-graph operator's rows are all nodes in order: no copy of the features.
         x = self.x if operator is self.full_operator else select_rows(self.x, operator.rows)
-        logits = self.model(x, operator, self.exchange, self.setup.dropout_rng)
-        train = torch.from_numpy(self.setup.masks["train"][operator.rows])
+        logits = self.model(x, operator, self.setup.dropout_rng)  # L exchanges forward
+        train = torch.from_numpy(self.setup.masks["train"])[operator.rows]
         loss = F.cross_entropy(logits[train], self.setup.y[operator.rows][train],
                                reduction="sum")
         loss = loss / max(1, global_train_rows)
-        loss.backward()
-        return self._sum_gradients_and_loss(flat_grads(self.model), float(loss.detach()))
+        loss.backward()  # L exchanges backward
+        return self._sum_gradients_and_loss(gradients(self.model), float(loss.detach()))
 
-    def _sum_gradients_and_loss(self, grads: np.ndarray, loss: float) -> float:
+    def _sum_gradients_and_loss(self, grads: list[torch.Tensor], loss: float) -> float:
         """Phase 'gradient sum': one message of all gradients + the loss, summed over ranks; the
         sums go into every parameter's .grad and the summed loss is returned."""
-        vector = np.append(grads, np.asarray(loss, dtype=grads.dtype))
-        if self.setup.secure is not None:  # zero-sum masks: the server learns only the totals
-            segments = [p.numel() for p in self.model.parameters()] + [1]
-            summed = self.setup.secure.sum_to_all(self.comm, vector, segments)
-        else:
-            summed = self.comm.sum_to_all(vector)
-        set_flat_grads(self.model, summed[:-1])
+        vector = flatten(grads + [torch.tensor([loss], dtype=self.dtype)])
+        segments = [p.numel() for p in self.model.parameters()] + [1]
+        summed = self.comm.sum_to_all(vector, segments)
+        parameters = list(self.model.parameters())
+        for p, grad in zip(parameters, unflatten(summed[:-1], parameters)):
+            p.grad = grad
         return float(summed[-1])
-
-    # -- the server's share of a step: sums only ---------------------------------------------
-    def server_exchanges(self, plan: CrossExchangePlan, backward: bool) -> None:
-        """The cross-client exchanges of one forward pass (layers 1..L) and, when training, of
-        its backward pass (layers L..1), in the order every client's autograd runs them. The
-        server contributes zeros to each sum: it has no nodes, so it builds no operator and
-        runs no model (a model on an empty graph still costs CPU per step outside MPI)."""
-        widths = self.model.widths[1:]
-        for width in widths + (widths[::-1] if backward else []):
-            self.exchange(plan, torch.zeros((0, width), dtype=self.dtype))
-
-    def _server_loss_and_gradients(self, plan: CrossExchangePlan) -> float:
-        self.server_exchanges(plan, backward=True)
-        size = sum(p.numel() for p in self.model.parameters())
-        return self._sum_gradients_and_loss(np.zeros(size, dtype=self.numpy_dtype), 0.0)
 
     # -- evaluation -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -208,10 +192,10 @@ class GNNMethod:
         """Full-graph forward (the exchange of every layer); [0, C] on the server."""
         self.start_pass("eval")
         if not self.comm.is_client:
-            self.server_exchanges(self.full_operator.exchange, backward=False)
+            self.cross_sums.server_pass(self.full_operator.exchange, backward=False)
             return torch.zeros((0, self.setup.num_classes), dtype=self.dtype)
         self.model.eval()
-        return self.model(self.x, self.full_operator, self.exchange)
+        return self.model(self.x, self.full_operator)
 
     # -- checkpoints: the random streams (saved by the Trainer) are all of a rank's own state --
     def rank_state(self) -> dict[str, Any]:

@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpifgl.graph import torch_csr
-from mpifgl.model import SparseFeatures, dropout, linear, make_features, select_rows
+from mpifgl.model import dropout, layer_type, linear, make_features, select_rows
+from mpifgl.operators import SparseFeatures, torch_csr
 from mpifgl.optim import Adam
 from mpifgl.trainer import RankSetup
 
@@ -247,7 +247,7 @@ def sparse_input_conv(conv: nn.Module, x: SparseFeatures, adjacency: torch.Tenso
     n_dst rows of ``x``."""
     from torch_geometric.nn import GCNConv, GraphConv, SAGEConv
     n_dst = adjacency.shape[0]
-    x_dst = x if n_dst == x.shape[0] else x.rows(np.arange(n_dst))
+    x_dst = x if n_dst == x.shape[0] else x.rows(torch.arange(n_dst))
     if isinstance(conv, SAGEConv) and conv.aggr == "mean" and conv.root_weight \
             and not conv.project and not conv.normalize:
         counts = adjacency.crow_indices().diff().to(x.dtype).clamp(min=1).unsqueeze(1)
@@ -309,7 +309,8 @@ class CentralizedPyGMethod:
         (GraphSAGE's seeds) or over its training nodes weighted by ``loss_weight``."""
         self.model.train()
         self.optimizer.zero_grad()
-        logits = self.model(select_rows(self.features, nodes), adjacency, self.setup.dropout_rng)
+        logits = self.model(select_rows(self.features, torch.from_numpy(nodes)), adjacency,
+                            self.setup.dropout_rng)
         labels = self.setup.y[torch.from_numpy(nodes)]
         if loss_weight is None:
             loss = F.cross_entropy(logits[:out_rows], labels[:out_rows])
@@ -370,11 +371,12 @@ class GraphSAGEMethod(CentralizedPyGMethod):
 
 
 class GraphSAINTMethod(CentralizedPyGMethod):
-    """--backbone gcn: GCNConv(normalize=False) on D~^-1/2 (A + I) D~^-1/2 (whole-graph degrees,
-    self loops as explicit edges) with every neighbour entry times its aggregator weight; the
-    self loop is not reweighted (node v's own row exists whenever v is sampled).
-    --backbone 1gnn: GraphConv (sum aggregation, as our 1-GNN) with edge_weight = the
-    aggregator weight (1 on the full graph)."""
+    """GraphSAINT on our backbone's layer as its PyG conv (``GraphLayer.pyg_conv``: GCNConv
+    without its own normalisation, or GraphConv with sum aggregation), fed pre-normalised edge
+    weights: the message u -> v weighs row_scale(v) col_scale(u) (the backbone's ``scales`` on
+    whole-graph degrees) times its aggregator weight, and the backbone's self term is a self
+    loop weighted self_scale(v) (none where the backbone has no self scale); the self loop is
+    not reweighted (node v's own row exists whenever v is sampled)."""
 
     def __init__(self, setup: RankSetup):
         require_one_process(setup)
@@ -387,24 +389,18 @@ class GraphSAINTMethod(CentralizedPyGMethod):
         self.loss_weight = torch.from_numpy(loss_weight).to(self.dtype)
         self.edge_norm = edge_norm
         self.subgraphs_per_pass = max(1, round(graph.num_nodes / mean_size))
-        degree = np.diff(adjacency.indptr).astype(np.float64) + 1.0  # d~, whole graph
+        self.layer_type = layer_type(config.backbone)
+        degree = torch.from_numpy(np.diff(adjacency.indptr).astype(np.float64))  # whole graph
+        scales = self.layer_type.scales(degree, torch.ones_like(degree))
+        row, col, own = (v.numpy() for v in (scales.row, scales.col, scales.self))
         target = np.repeat(np.arange(graph.num_nodes), np.diff(adjacency.indptr))
-        if config.backbone == "gcn":
-            self.base_weight = 1.0 / np.sqrt(degree[target] * degree[adjacency.indices])
-            self.self_weight = 1.0 / degree
-        else:
-            self.base_weight = np.ones(adjacency.nnz)
-            self.self_weight = None
-        # Evaluation: the whole graph (self loops included for gcn), no sampling weights.
+        self.base_weight = row[target] * col[adjacency.indices]
+        self.self_weight = own if np.any(own) else None
+        # Evaluation: the whole graph (self loops included where the backbone has them), no
+        # sampling weights.
         full_adjacency = self.weighted_adjacency(np.arange(graph.num_nodes),
                                                  csr_edge_index(adjacency), self.base_weight)
-        super().__init__(setup, self.make_conv, full_adjacency)
-
-    def make_conv(self, in_dim: int, out_dim: int) -> nn.Module:
-        from torch_geometric.nn import GCNConv, GraphConv
-        if self.setup.config.backbone == "gcn":
-            return GCNConv(in_dim, out_dim, normalize=False, add_self_loops=False)
-        return GraphConv(in_dim, out_dim, aggr="add")
+        super().__init__(setup, self.layer_type.pyg_conv, full_adjacency)
 
     def weighted_adjacency(self, nodes: np.ndarray, edge_index: np.ndarray, weight: np.ndarray
                            ) -> torch.Tensor:

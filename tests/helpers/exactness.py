@@ -14,7 +14,7 @@ from mpifgl.communicator import LocalComm
 from mpifgl.config import TrainConfig
 from mpifgl.graph import ClientGraph
 from mpifgl.methods import build_trainer
-from mpifgl.model import flat_grads, select_rows
+from mpifgl.model import flatten, gradients, select_rows
 from mpifgl.sampling import NodeSample
 from tests.helpers.graphs import Graph, random_graph, random_parts
 from tests.helpers.mpi import MPI_SCRIPTS, run_mpi
@@ -45,24 +45,31 @@ CASES = [(b, d) for b in ("gcn", "1gnn") for d in ("float64", "float32")]
 def gather_in_global_order(comm, logits: np.ndarray, global_id: np.ndarray):
     """Every rank's logits rows (the server's: none) at the server in ascending global id ->
     (logits, global ids); (None, None) elsewhere."""
-    parts = comm.gatherv_rows(logits)
-    ids = comm.gatherv_rows(global_id[:, None].astype(np.int64))
+    parts = comm.gatherv_rows(torch.from_numpy(np.ascontiguousarray(logits)))
+    ids = comm.gatherv_rows(torch.from_numpy(global_id[:, None].astype(np.int64)))
     if not comm.is_server:
         return None, None
-    order = np.concatenate([p[:, 0] for p in ids])
+    order = np.concatenate([p[:, 0].numpy() for p in ids])
     ordering = np.argsort(order)
-    return np.concatenate(parts)[ordering], order[ordering]
+    return np.concatenate([p.numpy() for p in parts])[ordering], order[ordering]
+
+
+def flat_grads(model) -> np.ndarray:
+    """Every parameter's gradient end to end (zeros where none)."""
+    return flatten(gradients(model)).numpy()
 
 
 def operator_logits(comm, gnn, operator, num_classes: int) -> np.ndarray:
     """After a step on ``operator``: this client's logits of the operator's rows (eval mode,
     float64); the server runs its side of the forward's exchanges and has no rows."""
+    gnn.start_pass("eval")
     if comm.is_server:
-        gnn.server_exchanges(operator.exchange, backward=False)
+        gnn.cross_sums.server_pass(operator.exchange, backward=False)
         return np.zeros((0, num_classes))
     gnn.model.eval()
-    return gnn.model(select_rows(gnn.x, operator.rows), operator,
-                     gnn.exchange).detach().numpy().astype(np.float64)
+    with torch.no_grad():
+        return gnn.model(select_rows(gnn.x, operator.rows),
+                         operator).detach().numpy().astype(np.float64)
 
 
 def centralized_reference(shard_dir, backbone: str, dtype: str, layers: int, sampled=False):
@@ -87,9 +94,10 @@ def centralized_reference(shard_dir, backbone: str, dtype: str, layers: int, sam
     operator, train_rows = gnn.operator_for_sample(merged)
     loss = gnn.loss_and_gradients(operator, train_rows)
     gnn.model.eval()
-    logits = gnn.model(select_rows(gnn.x, operator.rows), operator, None).detach().numpy()
-    order = np.argsort(graph.global_id[operator.rows])
-    return loss, flat_grads(gnn.model), logits[order], graph.global_id[operator.rows][order]
+    logits = gnn.model(select_rows(gnn.x, operator.rows), operator).detach().numpy()
+    rows = operator.rows.numpy()
+    order = np.argsort(graph.global_id[rows])
+    return loss, flat_grads(gnn.model), logits[order], graph.global_id[rows][order]
 
 
 def pyg_reference(graph: Graph, state_dict, backbone: str, dtype: str, layers: int):

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any, Callable
 
 import numpy as np
+import torch
 
 from mpifgl.communicator import TrafficCounters
 
@@ -83,65 +84,67 @@ class ThreadComm(TrafficCounters):
             for rank, value in enumerate(values[1:], start=1):
                 self.world.server_received.append((kind, rank, np.array(value, copy=True)))
 
-    # -- buffer collectives --------------------------------------------------------------------
-    def gatherv(self, send: np.ndarray, counts: np.ndarray | None) -> np.ndarray | None:
-        shared = self._share(np.array(send, copy=True))
+    # -- buffer collectives (tensors in, tensors out; numpy inside, as MPI's views) ------------
+    def gatherv(self, send: torch.Tensor, counts: np.ndarray | None) -> torch.Tensor | None:
+        shared = self._share(send.numpy().copy())
         if not self.is_server:
             return None
         self._seen("gatherv", shared)
         flat = np.concatenate([s.ravel() for s in shared])
         assert flat.shape[0] == int(np.sum(counts)), "gatherv counts disagree with the buffers"
-        return flat
+        return torch.from_numpy(flat)
 
-    def scatterv(self, send, counts, receive_count: int, dtype) -> np.ndarray:
-        mine = (np.array(send, copy=True).ravel(), np.asarray(counts)) if self.is_server else None
+    def scatterv(self, send, counts, receive_count: int, dtype) -> torch.Tensor:
+        mine = (send.numpy().ravel().copy(), np.asarray(counts)) if self.is_server else None
         shared = self._share(mine)
         flat, counts = shared[0]
-        assert flat.dtype == np.dtype(dtype), (flat.dtype, dtype)
+        assert torch.from_numpy(flat[:0]).dtype == dtype, (flat.dtype, dtype)
         start = int(np.sum(counts[:self.rank]))
         assert int(counts[self.rank]) == receive_count
-        return flat[start:start + receive_count].copy()
+        return torch.from_numpy(flat[start:start + receive_count].copy())
 
-    def reduce_sum(self, buffer: np.ndarray) -> np.ndarray | None:
-        shared = self._share(np.array(buffer, copy=True))
-        return np.sum(shared, axis=0, dtype=buffer.dtype) if self.is_server else None
+    def reduce_sum(self, buffer: torch.Tensor) -> torch.Tensor | None:
+        shared = self._share(buffer.numpy().copy())
+        if not self.is_server:
+            return None
+        return torch.from_numpy(np.sum(shared, axis=0, dtype=shared[0].dtype))
 
-    def gather_equal(self, send: np.ndarray) -> np.ndarray | None:
-        shared = self._share(np.array(send, copy=True))
-        return np.stack(shared) if self.is_server else None
+    def gather_equal(self, send: torch.Tensor) -> torch.Tensor | None:
+        shared = self._share(send.numpy().copy())
+        return torch.from_numpy(np.stack(shared)) if self.is_server else None
 
-    def broadcast_array(self, values: np.ndarray | None) -> np.ndarray:
-        shared = self._share(values)
-        return np.asarray(shared[0], dtype=np.int64).copy()
+    def broadcast_array(self, values: torch.Tensor | None) -> torch.Tensor:
+        shared = self._share(None if values is None else values.numpy().copy())
+        return torch.from_numpy(np.asarray(shared[0], dtype=np.int64).copy())
 
-    def sum_to_all(self, values: np.ndarray) -> np.ndarray:
-        shared = self._share(np.array(values, copy=True))
+    def sum_to_all(self, values: torch.Tensor, segments=None) -> torch.Tensor:
+        shared = self._share(values.numpy().copy())
         self._seen("sum", shared)
         total = shared[0].copy()
         for value in shared[1:]:
             total += value  # rank order, wrapping for unsigned words
-        return total
+        return torch.from_numpy(total)
 
-    def sum_to_server(self, values: np.ndarray) -> np.ndarray | None:
+    def sum_to_server(self, values: torch.Tensor) -> torch.Tensor | None:
         total = self.sum_to_all(values)
         return total if self.is_server else None
 
-    def max_to_all(self, values: np.ndarray) -> np.ndarray:
-        shared = self._share(np.asarray(values, dtype=np.int64).copy())
+    def max_to_all(self, values: torch.Tensor) -> torch.Tensor:
+        shared = self._share(values.numpy().astype(np.int64))
         if self.is_server:
             self.world.max_to_all_calls += 1
-        return np.max(np.stack(shared), axis=0)
+        return torch.from_numpy(np.max(np.stack(shared), axis=0))
 
-    def gather_rows(self, row: np.ndarray) -> np.ndarray | None:
-        shared = self._share(np.asarray(row, dtype=np.float64).copy())
-        return np.stack(shared) if self.is_server else None
+    def gather_rows(self, row: torch.Tensor) -> torch.Tensor | None:
+        shared = self._share(row.numpy().astype(np.float64))
+        return torch.from_numpy(np.stack(shared)) if self.is_server else None
 
-    def allgather_rows(self, row: np.ndarray) -> np.ndarray:
-        return np.stack(self._share(np.asarray(row, dtype=np.int64).copy()))
+    def allgather_rows(self, row: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(np.stack(self._share(row.numpy().astype(np.int64))))
 
-    def gatherv_rows(self, rows: np.ndarray) -> list[np.ndarray] | None:
-        shared = self._share(np.array(rows, copy=True))
-        return shared if self.is_server else None
+    def gatherv_rows(self, rows: torch.Tensor) -> list[torch.Tensor] | None:
+        shared = self._share(rows.numpy().copy())
+        return [torch.from_numpy(s) for s in shared] if self.is_server else None
 
     # -- pickled (a real MPI pickles these: so do we, which also refuses unpicklable keys) ------
     def broadcast_object(self, value: Any) -> Any:

@@ -5,7 +5,7 @@ to NPZ (sampled keys prefixed ``sampled_``, with the sampled rows' global ids).
     mpirun -n M+1 python tests/helpers/mpi_scripts/probe_exactness.py SHARD_DIR OUT.npz LAYERS \
         [EXCHANGE [BUFFER_MB]]
 
-EXCHANGE: one of mpifgl.exchange.MODES (default compact); BUFFER_MB: --exchange-buffer-mb (tiny
+EXCHANGE: one of mpifgl.registry.EXCHANGES (default compact); BUFFER_MB: --exchange-buffer-mb (tiny
 values force one-row chunks). The sample: ``tests.helpers.exactness.fixed_sample``, the same on every rank.
 """
 import sys
@@ -15,10 +15,10 @@ import numpy as np
 from mpifgl.comm import world
 from mpifgl.config import TrainConfig
 from mpifgl.graph import ClientGraph
-from mpifgl.model import flat_grads
 from fgl_common.shard_format import read_manifest
 from mpifgl.methods import build_trainer
-from tests.helpers.exactness import fixed_sample, gather_in_global_order, operator_logits
+from tests.helpers.exactness import (fixed_sample, flat_grads, gather_in_global_order,
+                                     operator_logits)
 
 
 def main(shard_dir: str, out: str, layers: int, exchange: str, buffer_mb: float) -> None:
@@ -48,7 +48,7 @@ def main(shard_dir: str, out: str, layers: int, exchange: str, buffer_mb: float)
             grads = flat_grads(gnn.model)
             logits, ids = gather_in_global_order(
                 comm, operator_logits(comm, gnn, operator, manifest.num_classes),
-                graph.global_id[operator.rows])
+                graph.global_id[operator.rows.numpy()])
             if comm.is_server:
                 results[f"sampled_{key}_loss"], results[f"sampled_{key}_grads"] = \
                     np.asarray(loss), grads

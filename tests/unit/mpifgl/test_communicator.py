@@ -7,6 +7,7 @@ import inspect
 
 import numpy as np
 import pytest
+import torch
 
 from mpifgl.communicator import (SERVER_RANK, Communicator, LocalComm, client_of_rank,
                                  rank_of_client)
@@ -44,33 +45,36 @@ def test_local_comm_is_server_and_only_client():
 
 def test_local_comm_buffer_collectives_are_those_of_one_rank():
     comm = LocalComm()
-    send = np.arange(6, dtype=np.float32).reshape(3, 2)
+    send = torch.arange(6, dtype=torch.float32).reshape(3, 2)
     gathered = comm.gatherv(send, np.asarray([6]))
-    assert gathered.dtype == np.float32 and gathered.tolist() == list(range(6))
+    assert gathered.dtype == torch.float32 and gathered.tolist() == list(range(6))
     assert comm.gatherv(send, None).shape == (6,)
     with pytest.raises(ValueError, match="expected \\[6\\]"):
         comm.gatherv(send, np.asarray([4]))
-    received = comm.scatterv(gathered, np.asarray([6]), 6, np.float64)
-    assert received.dtype == np.float64 and received.tolist() == list(range(6))
+    received = comm.scatterv(gathered, np.asarray([6]), 6, torch.float64)
+    assert received.dtype == torch.float64 and received.tolist() == list(range(6))
     with pytest.raises(ValueError, match="receive count 5"):
-        comm.scatterv(gathered, np.asarray([6]), 5, np.float32)
-    buffer = np.ones((2, 2))
+        comm.scatterv(gathered, np.asarray([6]), 5, torch.float32)
+    buffer = torch.ones((2, 2))
     assert comm.reduce_sum(buffer) is buffer  # summed in place, as at MPI's root
     assert comm.gather_equal(send).shape == (1, 3, 2)
-    ids = comm.broadcast_array(np.asarray([3, 1], dtype=np.int32))
-    assert ids.dtype == np.int64 and ids.tolist() == [3, 1]
+    ids = comm.broadcast_array(torch.tensor([3, 1], dtype=torch.int32))
+    assert ids.dtype == torch.int64 and ids.tolist() == [3, 1]
 
 
-def test_local_comm_sums_and_gathers_return_fresh_arrays():
+def test_local_comm_sums_and_gathers_return_fresh_tensors():
     comm = LocalComm()
-    values = np.asarray([1.5, 2.0])
-    for result in (comm.sum_to_all(values), comm.sum_to_server(values)):
+    values = torch.tensor([1.5, 2.0], dtype=torch.float64)
+    for result in (comm.sum_to_all(values), comm.sum_to_all(values, [1, 1]),
+                   comm.sum_to_server(values)):
         assert result.tolist() == [1.5, 2.0] and result is not values
-    assert comm.gather_rows(np.asarray([1, 2])).tolist() == [[1.0, 2.0]]
-    table = comm.allgather_rows(np.asarray([4, 5]))
-    assert table.dtype == np.int64 and table.shape == (1, 2)
-    rows = np.zeros((3, 2))
+    assert comm.gather_rows(torch.tensor([1, 2])).tolist() == [[1.0, 2.0]]
+    table = comm.allgather_rows(torch.tensor([4, 5]))
+    assert table.dtype == torch.int64 and table.shape == (1, 2)
+    rows = torch.zeros((3, 2))
     assert [r.shape for r in comm.gatherv_rows(rows)] == [(3, 2)]
+    assert comm.max_to_all(torch.tensor([3])).tolist() == [3]
+    assert comm.extra_counters() == {}
 
 
 def test_local_comm_objects_errors_and_abort():
@@ -91,8 +95,8 @@ def test_local_comm_objects_errors_and_abort():
 def test_local_comm_counts_no_traffic():
     comm = LocalComm()
     with comm.counting_exchange():
-        comm.gatherv(np.ones(4), np.asarray([4]))
-        comm.sum_to_all(np.ones(3))
+        comm.gatherv(torch.ones(4), np.asarray([4]))
+        comm.sum_to_all(torch.ones(3))
     comm.reset_counters()
     assert (comm.seconds, comm.bytes_sent, comm.bytes_received, comm.exchange_bytes_sent,
             comm.exchange_bytes_received) == (0.0, 0, 0, 0, 0)

@@ -11,9 +11,8 @@ from mpifgl.communicator import LocalComm
 from mpifgl.config import TrainConfig
 from mpifgl.graph import ClientGraph
 from mpifgl.methods import build_trainer
-from mpifgl.model import flat_grads
 from tests.helpers.exactness import (CASES, TOLERANCE, assert_close, centralized_reference,
-                                     pyg_reference)
+                                     flat_grads, pyg_reference)
 from tests.helpers.graphs import Graph, random_parts, write_shards
 
 

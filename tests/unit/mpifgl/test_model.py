@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mpifgl.graph import ClientGraph, build_operator
-from mpifgl.model import GNN, flat_grads, set_flat_grads
+from mpifgl.model import GNN, flatten, gradients, unflatten
 from tests.helpers.graphs import random_graph, random_parts, write_shards
 from fgl_common.shard_format import load_client_shard, shard_filename
 
@@ -29,7 +29,7 @@ def full_operator(graph: ClientGraph, backbone: str):
 def test_forward_gives_one_row_of_logits_per_node(merged, backbone, layers):
     model = GNN(backbone, 5, 8, 3, layers, 0.0, seed=0, dtype=torch.float64)
     assert model.widths == [5] + [8] * (layers - 1) + [3]
-    out = model(torch.from_numpy(merged.x).double(), full_operator(merged, backbone), None)
+    out = model(torch.from_numpy(merged.x).double(), full_operator(merged, backbone))
     assert out.shape == (30, 3) and out.dtype == torch.float64
 
 
@@ -43,7 +43,7 @@ def test_gcn_equals_the_dense_formula(merged):
     first, second = model.layers
     hidden = torch.relu(a_hat @ x @ first.lin.weight.T + first.bias)
     expected = a_hat @ hidden @ second.lin.weight.T + second.bias
-    got = model(x, full_operator(merged, "gcn"), None)
+    got = model(x, full_operator(merged, "gcn"))
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
 
@@ -54,7 +54,7 @@ def test_one_gnn_equals_the_dense_formula(merged):
     x = torch.from_numpy(merged.x).double()
     layer = model.layers[0]
     expected = x @ layer.lin_root.weight.T + adj @ x @ layer.lin_rel.weight.T + layer.lin_rel.bias
-    torch.testing.assert_close(model(x, full_operator(merged, "1gnn"), None), expected,
+    torch.testing.assert_close(model(x, full_operator(merged, "1gnn")), expected,
                                rtol=1e-12, atol=1e-12)
 
 
@@ -66,28 +66,33 @@ def test_in_place_evaluation_forward_equals_the_autograd_forward(merged, backbon
     model = GNN(backbone, 5, 8, 3, 3, 0.0, seed=1, dtype=dtype)
     op = build_operator(merged, backbone, None, None, dtype, exchanged=False)
     x = torch.from_numpy(merged.x).to(dtype)
-    with_graph = model(x, op, None)
+    with_graph = model(x, op)
     assert with_graph.requires_grad
     with torch.no_grad():
-        in_place = model(x, op, None)
+        in_place = model(x, op)
     assert torch.equal(in_place, with_graph.detach())
 
 
 def test_same_seed_same_weights_and_an_unknown_backbone_is_named():
     first, second = (GNN("gcn", 4, 6, 2, 2, 0.5, seed=9) for _ in range(2))
     assert all(torch.equal(a, b) for a, b in zip(first.parameters(), second.parameters()))
-    with pytest.raises(ValueError, match="backbone 'gat', expected one of gcn, 1gnn"):
+    with pytest.raises(ValueError, match="--backbone 'gat', expected one of gcn, 1gnn"):
         GNN("gat", 4, 6, 2, 2, 0.5, seed=9)
 
 
 def test_flat_gradients_round_trip_with_zeros_for_missing_ones():
     model = GNN("1gnn", 4, 6, 2, 2, 0.0, seed=0, dtype=torch.float64)
-    sizes = [p.numel() for p in model.parameters()]
-    assert flat_grads(model).tolist() == [0.0] * sum(sizes)  # no backward yet
-    flat = np.arange(sum(sizes), dtype=np.float64)
-    set_flat_grads(model, flat)
-    np.testing.assert_array_equal(flat_grads(model), flat)
+    parameters = list(model.parameters())
+    sizes = [p.numel() for p in parameters]
+    assert flatten(gradients(model)).tolist() == [0.0] * sum(sizes)  # no backward yet
+    flat = torch.arange(sum(sizes), dtype=torch.float64)
+    for p, grad in zip(parameters, unflatten(flat, parameters)):
+        p.grad = grad
+    assert torch.equal(flatten(gradients(model)), flat)
     assert model.layers[0].lin_rel.weight.grad.shape == model.layers[0].lin_rel.weight.shape
+    with pytest.raises(ValueError, match="a flat vector of 3 values for tensors of"):
+        unflatten(flat[:3], parameters)
+    assert flatten(parameters, torch.float32).dtype == torch.float32
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from fgl_common.shard_format import load_client_shard, read_manifest, shard_filename
+from tests.helpers.exchange import FunctionHook, dense_terms
 from tests.helpers.graphs import random_graph, random_parts, write_shards
-from mpifgl.exchange import dense_terms
 from mpifgl.graph import ClientGraph, build_operator
 from mpifgl.model import GCNLayer, OneGNNLayer
 from mpifgl.sampling import (NodeSampler, client_sample_sizes, group_counts, inclusion_probability,
@@ -86,13 +86,16 @@ def _layer_outputs(clients, layer, samples, probabilities):
            for i, c in enumerate(clients)]
     xs = [torch.from_numpy(c.x).to(dtype)[op.rows] for c, op in zip(clients, ops)]
     sends = []
-    for x, op in zip(xs, ops):  # pass 1: record what each client sends
-        layer(x, op, lambda plan, y: (sends.append(dense_terms(plan, y)), torch.zeros_like(y))[1])
+    # pass 1: record what each client sends
+    layer.cross_sums = [FunctionHook(lambda plan, y: (sends.append(dense_terms(plan, y)),
+                                                      torch.zeros_like(y))[1])]
+    for x, op in zip(xs, ops):
+        layer(x, op)
     total = torch.stack(sends).sum(dim=0)
-    starts = np.concatenate([[0], np.cumsum(ops[0].exchange.segment_rows)])
-    return [layer(x, op, lambda plan, send: total[starts[plan.own_segment]:
-                                                    starts[plan.own_segment + 1]])
-            for x, op in zip(xs, ops)], ops
+    starts = ops[0].exchange.segment_start
+    layer.cross_sums = [FunctionHook(lambda plan, y: total[starts[plan.own_segment]:
+                                                           starts[plan.own_segment + 1]])]
+    return [layer(x, op) for x, op in zip(xs, ops)], ops
 
 
 @pytest.mark.timeout(300)

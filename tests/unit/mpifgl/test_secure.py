@@ -1,4 +1,5 @@
-"""mpifgl.secure (--secure), without mpirun: ranks are threads (tests/thread_comm.py).
+"""mpifgl.secure and the masked exchange (--secure), without mpirun: ranks are threads
+(tests/helpers/thread_comm.py). The pure pieces are in test_keys.py and test_fixed_point.py.
 
 * exactness: the masked exchange equals the plain one within the derived bound m * 2^-(e+1)
   per row sum (e from the range each use ran with); lagged exponents: a jump redoes the
@@ -25,11 +26,14 @@ from tests.helpers.exactness import (TOLERANCE, assert_close, centralized_refere
 from tests.helpers.graphs import random_parts, write_shards
 from tests.helpers.ring_reference import reference_decode, reference_encode
 from tests.helpers.thread_comm import ThreadComm, ThreadWorld
-from mpifgl import secure
+from tests.helpers.exactness import flat_grads
+from tests.helpers.keys import fixed_key, fixed_session, keys_of, reference_keystream
+from mpifgl import fixed_point, secure
+from mpifgl.keys import RunKeys
 from mpifgl.config import TrainConfig
-from mpifgl.exchange import CrossClientExchange
+from mpifgl.exchange import build_exchange
+from mpifgl.exchange.masked import MASKS, MaskedExchange
 from mpifgl.graph import ClientGraph, build_operator
-from mpifgl.model import flat_grads
 from fgl_common.shard_format import read_manifest
 from mpifgl.communicator import Communicator
 from mpifgl.methods import build_trainer
@@ -70,7 +74,7 @@ def one_step(comm, shard_dir, config: TrainConfig, sampled: bool):
     loss = trainer.loss_and_gradients(operator, train_rows)
     logits, _ = gather_in_global_order(
         comm, operator_logits(comm, trainer, operator, manifest.num_classes),
-        graph.global_id[operator.rows])
+        graph.global_id[operator.rows.numpy()])
     return (loss, flat_grads(trainer.model), logits) if comm.is_server else None
 
 
@@ -107,17 +111,31 @@ def test_secure_with_one_row_chunks_equals_plain(toy_graph, tmp_path, backbone):
             assert_close(b, a, TOLERANCE[dtype], f"{backbone} {dtype} {name}")
 
 
+SLOT = ("train", "forward", 0)
+
+
 def exchange_on_plan(comm, shard_dir: Path, masked: bool, buffer_mb: float, dtype):
     """This rank's compact exchange (masked or not) prepared on its full-graph plan, width 5
     -> (exchange, plan, the number of rows y has, the session or None)."""
     graph = ClientGraph.for_rank(shard_dir, read_manifest(shard_dir), comm.client_id)
     session = secure.SecureSession.agree(comm) if masked else None
-    exchange = CrossClientExchange(comm, "compact", int(buffer_mb * 2 ** 20), 5, dtype, session)
     torch_dtype = torch.float64 if dtype == np.float64 else torch.float32
+    exchange = build_exchange(comm, "compact", int(buffer_mb * 2 ** 20), 5, torch_dtype, session)
     plan = build_operator(graph, "gcn", None, None, torch_dtype, True).exchange
     exchange.prepare(plan)
     rows = plan.send_rows.shape[1] if plan.send_rows is not None else 0
     return exchange, plan, rows, session
+
+
+def terms_of(plan, y: np.ndarray) -> np.ndarray:
+    """A client's terms A_i,cross^T y on its touched rows."""
+    if plan.send_rows is None:
+        return np.zeros((0, y.shape[1]))
+    return plan.send_rows.matmul(torch.from_numpy(y)).numpy()
+
+
+def plain_sum(comm, values: np.ndarray) -> np.ndarray:
+    return comm.sum_to_all(torch.from_numpy(np.ascontiguousarray(values))).numpy()
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -132,14 +150,15 @@ def test_masked_exchange_within_the_derived_bound(toy_graph, tmp_path, dtype, bu
         exchange, plan, rows, session = exchange_on_plan(comm, shard_dir, masked,
                                                          buffer_mb, dtype)
         y = np.random.default_rng(comm.rank).normal(scale=30.0, size=(rows, 5)).astype(dtype)
-        terms = plan.send_rows.matmul(y) if plan.send_rows is not None else np.zeros((0, 5))
-        return exchange(plan, torch.from_numpy(y)).numpy(), float(np.abs(terms).max(initial=0))
+        terms = terms_of(plan, y)
+        return (exchange.run(plan, torch.from_numpy(y), SLOT).numpy(),
+                float(np.abs(terms).max(initial=0)))
 
     plain = ThreadWorld(num_clients + 1).run(lambda comm: body(comm, False))
     masked = ThreadWorld(num_clients + 1).run(lambda comm: body(comm, True))
-    ring = secure.ring_of(np.dtype(dtype))
+    ring = fixed_point.ring_of(np.dtype(dtype))
     largest = max(found for _, found in masked)
-    bound = secure.sum_error_bound(ring, num_clients, largest)
+    bound = fixed_point.sum_error_bound(ring, num_clients, largest)
     float_rounding = num_clients * np.finfo(dtype).eps * largest  # the plain sum's own
     for (a, _), (b, _) in zip(plain[1:], masked[1:]):
         assert np.max(np.abs(a.astype(np.float64) - b), initial=0) <= bound + float_rounding
@@ -158,12 +177,12 @@ def exchange_sequence(toy_graph, tmp_path, dtype, buffer_mb: float, scales: list
         rng = np.random.default_rng(comm.rank)
         outputs, states = [], []
         for scale in scales:
-            exchange.start_pass("train")
             y = rng.normal(scale=scale, size=(rows, 5)).astype(dtype)
-            lagged = None if session is None else session.lagged_ranges(("train", 0))
-            outputs.append(exchange(plan, torch.from_numpy(y)).numpy().copy())
+            lagged = None if session is None else session.ranges.lagged(SLOT)
+            outputs.append(exchange.run(plan, torch.from_numpy(y), SLOT).numpy().copy())
             if session is not None:  # the range this use was given, the largest it needed
-                states.append((lagged, session.agreed_exponents[("train", 0)]))
+                states.append((None if lagged is None else lagged.tolist(),
+                               session.ranges.agreed[SLOT]))
         return outputs, states, session
 
     plain = ThreadWorld(num_clients + 1).run(lambda comm: body(comm, False))
@@ -175,11 +194,11 @@ def exchange_sequence(toy_graph, tmp_path, dtype, buffer_mb: float, scales: list
 def assert_within_range_bound(plain, masked, dtype, num_clients: int = 4):
     """Each use's outputs within m * 2^-(e+1) of the plain ones, e from the range that use
     ran with: the lagged one, or after a redo the exponent the senders reported."""
-    ring = secure.ring_of(np.dtype(dtype))
+    ring = fixed_point.ring_of(np.dtype(dtype))
     states = masked[1][1]  # every rank holds the same (asserted by the callers)
-    for use, (lagged, largest) in enumerate(states):
+    for use, (lagged, (largest,)) in enumerate(states):
         used = largest if lagged is None else max(lagged[0], largest)
-        bound = num_clients * 2.0 ** (-secure.scale_exponent(ring, num_clients, used) - 1)
+        bound = num_clients * 2.0 ** (-fixed_point.scale_exponent(ring, num_clients, used) - 1)
         float_rounding = num_clients * np.finfo(dtype).eps * 2.0 ** largest
         for (a, _, _), (b, _, _) in zip(plain[1:], masked[1:]):
             error = np.max(np.abs(a[use].astype(np.float64) - b[use]), initial=0)
@@ -224,10 +243,10 @@ def lagged_sum_run(scales: list[float], num_clients: int = 3):
         uses = []
         for scale in scales:
             values = scale * pattern * (comm.rank) if comm.is_client else np.zeros(10)
-            lagged = session.lagged_ranges(("sum", (10,)))
+            lagged = session.ranges.lagged(("sum", (10,)))
             total = session.sum_to_all(comm, values)
-            uses.append((lagged, session.agreed_exponents[("sum", (10,))], total,
-                         comm.sum_to_all(values)))
+            uses.append((None if lagged is None else lagged.tolist(),
+                         session.ranges.agreed[("sum", (10,))], total, plain_sum(comm, values)))
         return uses, session.redos
 
     results = ThreadWorld(num_clients + 1).run(body)
@@ -237,7 +256,7 @@ def lagged_sum_run(scales: list[float], num_clients: int = 3):
     uses, redos = results[0]
     for lagged, largest, masked, plain in uses:  # within the bound of the range each use ran with
         used = largest[0] if lagged is None else max(lagged[0], largest[0])
-        exponent = secure.scale_exponent(np.dtype(np.uint64), num_clients, used)
+        exponent = fixed_point.scale_exponent(np.dtype(np.uint64), num_clients, used)
         assert np.max(np.abs(masked - plain)) <= num_clients * 2.0 ** -(exponent + 1)
     return [(lagged, largest[0]) for lagged, largest, _, _ in uses], redos
 
@@ -247,7 +266,7 @@ def test_a_slot_that_keeps_jumping_gets_the_headroom_of_its_jumps(monkeypatch):
     uses' range covers the growth seen. After HEADROOM_WINDOW steady uses the headroom is back
     to HEADROOM_BITS (and the next jump is redone); a jump beyond MAX_HEADROOM_BITS gets only
     that many bits and keeps being redone."""
-    monkeypatch.setattr(secure, "HEADROOM_WINDOW", 4)
+    monkeypatch.setattr(fixed_point, "HEADROOM_WINDOW", 4)
     # largest |term|: 3 * scale (rank 3) -> exponent 2 + log2(scale)
     states, redos = lagged_sum_run([1.0, 16.0, 1.0, 16.0, 1.0, 16.0] + [1.0] * 5 + [16.0])
     assert [largest for _, largest in states] == [2, 6] * 3 + [2] * 5 + [6]
@@ -257,8 +276,8 @@ def test_a_slot_that_keeps_jumping_gets_the_headroom_of_its_jumps(monkeypatch):
 
     states, redos = lagged_sum_run([1.0, 2.0 ** 8, 1.0, 2.0 ** 8])
     assert [lagged for lagged, _ in states] == [
-        None, [2 + secure.HEADROOM_BITS], [10 + secure.MAX_HEADROOM_BITS],
-        [2 + secure.MAX_HEADROOM_BITS]]
+        None, [2 + fixed_point.HEADROOM_BITS], [10 + fixed_point.MAX_HEADROOM_BITS],
+        [2 + fixed_point.MAX_HEADROOM_BITS]]
     assert redos == 2  # each 8-bit jump: the headroom stops at MAX_HEADROOM_BITS
 
 
@@ -278,11 +297,11 @@ def test_masked_sums_learn_their_range_from_the_histogram(toy_graph, tmp_path):
                                       rng.normal(scale=small, size=7)])
                       if comm.is_client else np.zeros(57))
             before = comm.world.max_to_all_calls
-            lagged = session.lagged_ranges(("sum", (50, 7)))
-            sums.append((session.sum_to_all(comm, values, [50, 7]),
-                         comm.sum_to_all(values)))
+            lagged = session.ranges.lagged(("sum", (50, 7)))
+            sums.append((session.sum_to_all(comm, values, [50, 7]), plain_sum(comm, values)))
             collectives.append(comm.world.max_to_all_calls - before)
-            states.append((lagged, session.agreed_exponents[("sum", (50, 7))]))
+            states.append((None if lagged is None else lagged.tolist(),
+                           session.ranges.agreed[("sum", (50, 7))]))
         return sums, collectives, session.redos, states
 
     results = ThreadWorld(num_clients + 1).run(body)
@@ -295,7 +314,7 @@ def test_masked_sums_learn_their_range_from_the_histogram(toy_graph, tmp_path):
             # the range this use ran with: the lagged one, or the reported one after a redo
             lagged, largest = states[use]
             used = largest[k] if lagged is None else max(lagged[k], largest[k])
-            bound = num_clients * 2.0 ** -(secure.scale_exponent(
+            bound = num_clients * 2.0 ** -(fixed_point.scale_exponent(
                 np.dtype(np.uint64), num_clients, used) + 1)
             largest = float(np.max(np.abs(plain[piece])))
             assert np.max(np.abs(masked[piece] - plain[piece])) <= bound + 1e-12 * largest
@@ -306,7 +325,7 @@ def test_masked_sums_learn_their_range_from_the_histogram(toy_graph, tmp_path):
         bad = np.full(4, np.nan) if comm.client_id == 0 else np.ones(4) * comm.is_client
         return session.sum_to_all(comm, bad, [4])
 
-    with pytest.raises(secure.FixedPointOverflow, match="expected a finite number"):
+    with pytest.raises(fixed_point.FixedPointOverflow, match="expected a finite number"):
         ThreadWorld(3).run(diverged)
 
 
@@ -355,14 +374,14 @@ def server_view(toy_graph, tmp_path, dtype: str, monkeypatch):
     config = model_config(shard_dir, dtype, True)
     # per client, each masked Gatherv's chunk and width, in call order
     sent: dict[int, list[tuple[int, int]]] = {rank: [] for rank in range(1, 4)}
-    original = CrossClientExchange._masked_sum_chunk
+    original = MaskedExchange._sum_chunk
 
     def recording(self, routing, c, rows, *args):
         if self.comm.is_client:
             sent[self.comm.rank].append((c, rows.shape[1]))
         return original(self, routing, c, rows, *args)
 
-    monkeypatch.setattr(CrossClientExchange, "_masked_sum_chunk", recording)
+    monkeypatch.setattr(MaskedExchange, "_sum_chunk", recording)
     result = world.run(lambda comm: one_step(comm, shard_dir, config, True))[0]
     from mpifgl.model import GNN
     tensors = len(list(GNN(config.backbone, toy_graph.x.shape[1], config.hidden,
@@ -388,7 +407,7 @@ def test_server_receives_uniform_words_that_change_with_the_keys(toy_graph, tmp_
     # every float-valued buffer a client sent the server is ring words (ids are int32/int64)
     assert all(v.dtype.kind in "ui" for _, _, v in everything)
     assert {kind for kind, _, _ in seen_first} == {"gatherv", "sum"}
-    ring = secure.ring_of(np.dtype(dtype))
+    ring = fixed_point.ring_of(np.dtype(dtype))
     # the exchange's terms travel as words of the run's ring (integer counts in Z_2^64)
     assert {v.dtype for kind, _, v in seen_first if kind == "gatherv"} == {ring}
     words = np.concatenate([np.ascontiguousarray(v).view(np.uint8).ravel()
@@ -409,9 +428,9 @@ def test_server_receives_uniform_words_that_change_with_the_keys(toy_graph, tmp_
     # the data, not the keys)
     for (kind, _, a), (_, _, b) in zip(clear_first, clear_second):
         np.testing.assert_array_equal(a, b)
-        signed = secure.word_exponent(a)
+        signed = fixed_point.word_exponent(a)
         if kind == "gatherv" and a.size:
-            assert signed[0] == secure.EMPTY_EXPONENT or abs(signed[0]) < 1100
+            assert signed[0] == fixed_point.EMPTY_EXPONENT or abs(signed[0]) < 1100
             assert not signed[1:].any()
         else:
             assert set(signed.tolist()) <= {0, 1}
@@ -483,7 +502,7 @@ def test_whole_run_reads_every_key_stream_once_and_writes_no_key(toy_graph, tmp_
     assert len(exchange_streams) == 6 and len(reads) == 2 * (6 + 3)  # 3 clients
     assert max(end for ranges in reads.values() for _, end in ranges) > 4000
     # no key material in any file of the run, nor in the log
-    keys = [k for s in sessions.values() for k in s.key_material()]
+    keys = [k for s in sessions.values() for k in keys_of(s)]
     assert len(keys) == 3 * 2 * 3  # 3 clients x 2 others x (to, from, pair)
     files = [p for p in out.rglob("*") if p.is_file()]
     assert {p.name for p in files} >= {"config.json", "metrics.jsonl", "final.json", "model.pt",
@@ -497,103 +516,6 @@ def test_whole_run_reads_every_key_stream_once_and_writes_no_key(toy_graph, tmp_
         assert key.hex() not in text
     import json
     assert json.loads((out / "config.json").read_text())["secure"] is True
-
-
-def aes_ctr_stream(key: bytes, count: int,
-                   segment_bytes: int = secure.SEGMENT_BYTES) -> np.ndarray:
-    """``count`` bytes of a key stream by its definition: AES-128-CTR, segment s from counter
-    block (s as 12 big-endian bytes) || 2, a new segment every ``segment_bytes``."""
-    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-    pieces = []
-    for segment in range(-(-count // segment_bytes)):
-        block = segment.to_bytes(12, "big") + (2).to_bytes(4, "big")
-        size = min(segment_bytes, count - segment * segment_bytes)
-        pieces.append(Cipher(algorithms.AES(key), modes.CTR(block)).encryptor()
-                      .update(bytes(size)))
-    return np.frombuffer(b"".join(pieces), dtype=np.uint8)
-
-
-def test_a_key_stream_continues_across_reads_and_keys_differ():
-    """Reads of any sizes, end to end, are one AES-128-CTR keystream of the key (so a chunked
-    exchange masks each row with the bytes of its position); another key gives another stream;
-    the log records byte ranges, never the key."""
-    key = b"k" * secure.KEY_BYTES
-    whole = aes_ctr_stream(key, 8000)
-    stream, log = secure.KeyStream(key, ("exchange", 0, 1)), []
-    parts = [np.empty(n, dtype=np.uint32) for n in (1, 3, 250, 1, 745)]
-    for part in parts:
-        stream.read_into(part, "mask", log)
-    np.testing.assert_array_equal(np.concatenate(parts).view(np.uint8), whole[:4000])
-    words = np.empty((500, 1), dtype=np.uint64)
-    stream.read_into(words, "mask", log)
-    np.testing.assert_array_equal(words.view(np.uint8).ravel(), whole[4000:8000])
-    assert [(u.start, u.end) for u in log][-2:] == [(1020, 4000), (4000, 8000)]
-    assert all("k" * 8 not in repr(u) for u in log) and "k" * 8 not in repr(stream)
-    other = np.empty(1000, dtype=np.uint32)
-    secure.KeyStream(b"j" * secure.KEY_BYTES, ()).read_into(other, "mask", None)
-    assert np.mean(other == np.concatenate(parts)) < 0.01
-    with pytest.raises(ValueError, match="a 32-byte stream key, expected 16"):
-        secure.KeyStream(b"k" * 32, ())
-
-
-def test_a_key_stream_takes_a_new_nonce_every_segment(monkeypatch):
-    """Past SEGMENT_BYTES a stream goes on under the next nonce (no counter block of a nonce is
-    used twice), also when one read spans several segments."""
-    monkeypatch.setattr(secure, "SEGMENT_BYTES", 48)
-    key = b"s" * secure.KEY_BYTES
-    stream, parts = secure.KeyStream(key, ()), []
-    for words in (5, 7, 40, 1, 3):  # 4-byte words: reads across 0, 1 and several boundaries
-        parts.append(np.empty(words, dtype=np.uint32))
-        stream.read_into(parts[-1], "mask", None)
-    got = np.concatenate(parts).view(np.uint8)
-    np.testing.assert_array_equal(got, aes_ctr_stream(key, got.size, segment_bytes=48))
-    assert not np.array_equal(got[:48], got[48:96])
-
-
-def test_a_session_refuses_to_be_pickled():
-    import pickle
-    session = secure.SecureSession(0, 2, {1: b"k" * 16}, {1: b"l" * 16}, {1: b"m" * 16})
-    with pytest.raises(TypeError, match="never pickled"):
-        pickle.dumps(session)
-    assert "k" * 8 not in repr(session)
-
-
-# -- fixed point --------------------------------------------------------------------------------
-def test_segment_exponents_equal_each_segments_largest_exponent():
-    """One pass for all segments: each segment's largest_exponent, EMPTY_EXPONENT for an empty
-    or all-zero one (also after empty ones), and a NaN or infinity refused with its value."""
-    rng = np.random.default_rng(5)
-    bounds = np.asarray([0, 0, 30, 34, 34, 50, 51])
-    values = rng.normal(scale=4.0, size=51)
-    values[30:34] = 0.0
-    values[34:50] *= 1e-9
-    values[50] = -2.0 ** 40  # a power of two: frexp's exponent, 2^40 = 0.5 * 2^41
-    exponents = secure.segment_exponents(values, bounds)
-    expected = [secure.largest_exponent(values[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
-    assert exponents.tolist() == expected
-    assert exponents[0] == exponents[2] == exponents[3] == secure.EMPTY_EXPONENT
-    assert exponents[5] == 41
-    for bad in (np.nan, -np.inf):
-        values[40] = bad
-        with pytest.raises(secure.FixedPointOverflow, match=f"is {abs(bad)}, expected a finite"):
-            secure.segment_exponents(values, bounds)
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_encode_decode_round_trip_and_overflow(dtype):
-    ring = secure.ring_of(np.dtype(dtype))
-    values = np.asarray([-3.5, 0.0, 1e-3, 29.9], dtype=dtype)
-    e = secure.scale_exponent(ring, 8, secure.ceil_exponent(29.9))
-    decoded = secure.decode(secure.encode(values, e, ring, 8), e, np.dtype(dtype))
-    assert np.max(np.abs(decoded - values)) <= 2.0 ** (-e - 1) + np.finfo(dtype).eps * 30
-    # eight terms at the limit still sum without wrapping
-    terms = [secure.encode(np.asarray([-29.9], dtype), e, ring, 8) for _ in range(8)]
-    total = np.sum(terms, axis=0, dtype=ring)
-    assert abs(secure.decode(total, e, np.dtype(np.float64))[0] + 8 * 29.9) < 1e-5
-    with pytest.raises(secure.FixedPointOverflow, match="exceeds the fixed-point range"):
-        secure.encode(np.asarray([64.0], dtype), e, ring, 8)
-    with pytest.raises(secure.FixedPointOverflow, match="finite"):
-        secure.ceil_exponent(float("nan"))
 
 
 def test_diverged_values_stop_the_job_with_a_clear_error(toy_graph, tmp_path):
@@ -611,7 +533,7 @@ def test_diverged_values_stop_the_job_with_a_clear_error(toy_graph, tmp_path):
         return method.loss_and_gradients(method.full_operator,
                                           method.setup.global_split_counts["train"])
 
-    with pytest.raises(secure.FixedPointOverflow, match="expected a finite number"):
+    with pytest.raises(fixed_point.FixedPointOverflow, match="expected a finite number"):
         ThreadWorld(3).run(body)
 
 
@@ -639,27 +561,6 @@ def test_thread_comm_is_a_communicator():
 # The reference keeps the first implementation's arithmetic (a separate range scan, scale, round,
 # convert; one fresh keystream per call, added with +=): for fixed keys, the words every client
 # sends and every decoded output must be the same bits whatever the optimised code does.
-def reference_keystream(key: bytes, byte_offset: int, count: int, ring: np.dtype) -> np.ndarray:
-    """``count`` ring words of the key's AES-128-CTR stream from ``byte_offset`` on."""
-    stream = aes_ctr_stream(key, byte_offset + count * ring.itemsize)
-    return stream[byte_offset:].view(ring)
-
-
-def fixed_key(label: str) -> bytes:
-    import hashlib
-    return hashlib.sha256(f"test key {label}".encode()).digest()[:secure.KEY_BYTES]
-
-
-def fixed_session(comm) -> secure.SecureSession:
-    """SecureSession.agree's keys, but fixed (the same in the run and in the reference)."""
-    me, m = comm.rank - 1, comm.size - 1
-    others = [] if comm.is_server else [j for j in range(m) if j != me]
-    return secure.SecureSession(
-        me, m, {j: fixed_key(f"{me}->{j}") for j in others},
-        {j: fixed_key(f"{j}->{me}") for j in others},
-        {j: fixed_key(f"{min(me, j)}-{max(me, j)}") for j in others})
-
-
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("buffer_mb", [256.0, 1e-6])
 def test_masked_exchange_is_bit_identical_to_the_reference(toy_graph, tmp_path, monkeypatch,
@@ -672,22 +573,21 @@ def test_masked_exchange_is_bit_identical_to_the_reference(toy_graph, tmp_path, 
     shard_dir = shards_for(toy_graph, tmp_path, num_clients, seed=2)
     monkeypatch.setattr(secure.SecureSession, "agree", classmethod(
         lambda cls, comm: fixed_session(comm)))
-    ring = secure.ring_of(np.dtype(dtype))
+    ring = fixed_point.ring_of(np.dtype(dtype))
 
     def body(comm):
         exchange, plan, rows, session = exchange_on_plan(comm, shard_dir, True,
                                                          buffer_mb, dtype)
         y = np.random.default_rng(comm.rank).normal(scale=30.0, size=(rows, 5)).astype(dtype)
-        exchange.start_pass("train")
-        output = exchange(plan, torch.from_numpy(y)).numpy().copy()
-        terms = plan.send_rows.matmul(y) if plan.send_rows is not None else None
-        return output, terms, plan, session.agreed_exponents[("train", 0)], session.redos
+        output = exchange.run(plan, torch.from_numpy(y), SLOT).numpy().copy()
+        terms = terms_of(plan, y) if plan.send_rows is not None else None
+        return output, terms, plan, session.ranges.agreed[SLOT][0], session.redos
 
     world = ThreadWorld(num_clients + 1)
     results = world.run(body)
     agreed = results[1][3]
     assert results[1][4] == 0  # no redo: the reference below is the one attempt, from byte 0
-    exponent = secure.scale_exponent(ring, num_clients, agreed)
+    exponent = fixed_point.scale_exponent(ring, num_clients, agreed)
     total_rows = int(results[1][2].segment_rows.sum())
     ring_sum = np.zeros((total_rows, 5), dtype=ring)
     for rank in range(1, num_clients + 1):
@@ -698,7 +598,7 @@ def test_masked_exchange_is_bit_identical_to_the_reference(toy_graph, tmp_path, 
         sent = np.concatenate([v.ravel() for kind, r, v in world.server_received
                                if kind == "gatherv" and r == rank and v.dtype == ring])
         expected = encoded.copy()
-        owner_first = plan.routing.masks.owner_first
+        owner_first = plan.routing.extra[MASKS].owner_first
         for j in range(num_clients):
             low, high = int(owner_first[j]), int(owner_first[j + 1])
             if j != me and high > low:
@@ -710,7 +610,7 @@ def test_masked_exchange_is_bit_identical_to_the_reference(toy_graph, tmp_path, 
         np.testing.assert_array_equal(sent[1:5], np.zeros(4, ring))
         sent = np.concatenate([heads[0][5:], *[v for v in heads[1:]]])
         np.testing.assert_array_equal(sent, expected.ravel())
-    starts = np.concatenate([[0], np.cumsum(results[1][2].segment_rows)])
+    starts = results[1][2].segment_start
     touched_any = np.zeros(total_rows, dtype=bool)
     for rank in range(1, num_clients + 1):
         touched_any[results[rank][2].touched] = True
@@ -730,7 +630,7 @@ def test_masked_sum_is_bit_identical_to_the_reference(dtype):
     reference_encode + its zero-sum keystreams (+ the histogram tail), the total decodes to
     reference_decode of the ring sum of the encoded values, bit for bit."""
     num_clients = 3
-    ring = secure.ring_of(np.dtype(dtype))
+    ring = fixed_point.ring_of(np.dtype(dtype))
     segments = [50, 7]
 
     def values_of(rank: int) -> np.ndarray:
@@ -752,9 +652,9 @@ def test_masked_sum_is_bit_identical_to_the_reference(dtype):
     sums = [v for kind, _, v in world.server_received if kind == "sum"]
     float_words, count_words = sums[:num_clients], sums[num_clients:]
     pieces = (slice(0, 50), slice(50, 57))
-    used = [max(secure.largest_exponent(values_of(r)[p]) for r in range(1, num_clients + 1))
-            for p in pieces]
-    scales = [secure.scale_exponent(ring, num_clients, u) for u in used]
+    used = [max(fixed_point.largest_exponent(values_of(r)[p])
+                for r in range(1, num_clients + 1)) for p in pieces]
+    scales = [fixed_point.scale_exponent(ring, num_clients, u) for u in used]
     encoded_total = np.zeros(57, dtype=ring)
     for rank in range(1, num_clients + 1):
         me = rank - 1
@@ -791,12 +691,12 @@ def test_masking_and_unmasking_rows_equal_the_reference_at_any_scale(dtype, tiny
     """mask_rows and unmask_rows against reference_encode / reference_decode and the AES-CTR
     definition, word for word: at an ordinary scale (the compiled loops) and at one where 2^e
     is not a normal number of the float type (the ldexp path)."""
-    ring = secure.ring_of(dtype)
+    ring = fixed_point.ring_of(dtype)
     exponent = np.finfo(dtype).maxexp + 3 if tiny else 20  # 2^e beyond the type's normal range
-    sender = secure.SecureSession(1, 2, {0: fixed_key("1->0")}, {0: fixed_key("0->1")},
-                                  {0: fixed_key("pair")})
-    owner = secure.SecureSession(0, 2, {1: fixed_key("0->1")}, {1: fixed_key("1->0")},
-                                 {1: fixed_key("pair")})
+    sender = secure.SecureSession(1, 2, RunKeys(1, {0: fixed_key("1->0")}, {0: fixed_key("0->1")},
+                                                {0: fixed_key("pair")}))
+    owner = secure.SecureSession(0, 2, RunKeys(0, {1: fixed_key("0->1")}, {1: fixed_key("1->0")},
+                                               {1: fixed_key("pair")}))
     rng = np.random.default_rng(3)
     width = 3
     terms = (rng.uniform(-1, 1, (4, width)) * 2.0 ** (20 - exponent)).astype(dtype)

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from fgl_common.shard_format import load_client_shard, read_manifest, shard_filename
-from mpifgl.methods.fedavg import (fedavg_contribution, fedavg_result, local_graph,
-                                     weighted_average)
+from mpifgl.methods.fedavg import fedavg_contribution, fedavg_result, local_graph
 from mpifgl.graph import ClientGraph
 
 
+def weighted_average(params_by_client: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
+    """sum_i w_i p_i / sum_i w_i through the same two functions the MPI path uses."""
+    summed = sum(fedavg_contribution(p, w, 0.0) for p, w in zip(params_by_client, weights))
+    return fedavg_result(summed)[0]
+
+
 def test_fedavg_weighted_average_hand_computed():
-    a, b = np.array([1.0, 2.0, -4.0]), np.array([3.0, 0.0, 4.0])
+    a, b = torch.tensor([1.0, 2.0, -4.0]), torch.tensor([3.0, 0.0, 4.0])
     # weights 1 and 3: (1*a + 3*b) / 4
     assert np.allclose(weighted_average([a, b], [1, 3]), [2.5, 0.5, 2.0], atol=0, rtol=1e-15)
     assert np.allclose(weighted_average([a, b], [0, 5]), b)

@@ -129,8 +129,8 @@ def test_sparse_input_features_give_the_dense_convs_numbers(toy_graph, conv):
     import scipy.sparse as sp
     from torch_geometric.nn import GCNConv, GraphConv, SAGEConv
     from mpifgl.methods.sampled import PyGStack
-    from mpifgl.graph import torch_csr
-    from mpifgl.model import SparseFeatures, make_features
+    from mpifgl.model import make_features
+    from mpifgl.operators import SparseFeatures, torch_csr
     make = {"sage": lambda i, o: SAGEConv(i, o, aggr="mean"),
             "gcn": lambda i, o: GCNConv(i, o, normalize=False, add_self_loops=False),
             "graphconv": lambda i, o: GraphConv(i, o)}[conv]
@@ -151,7 +151,7 @@ def test_sparse_input_features_give_the_dense_convs_numbers(toy_graph, conv):
         cases.append((batch.layer_adjacencies(torch.float64), batch.nodes))
     for adj, rows in cases:
         dense_x = torch.from_numpy(x[rows])
-        sparse_x = sparse.rows(rows)
+        sparse_x = sparse.rows(torch.from_numpy(rows))
         outputs = [model(dense_x, adj), model(sparse_x, adj)]
         assert torch.allclose(outputs[0], outputs[1], rtol=1e-10, atol=1e-12)
         grads = [torch.autograd.grad(out.square().sum(), list(model.parameters()))

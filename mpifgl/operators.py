@@ -1,0 +1,229 @@
+"""Sparse matrices that multiply torch tensors: the one operator interface of the model, the
+exchange and the baselines.
+
+Graph structure is index bookkeeping done on the host (``CSRArrays``: indptr, indices and data as
+numpy arrays), once per shard and once per sampled step; the products go through
+``SparseMatrix.matmul`` (no autograd) and ``SparseOperator`` (``op @ y`` with autograd), which
+take and return torch tensors. The CPU backend runs scipy's CSR kernel on numpy views of the
+tensors (no copy): on sampled matrices it is faster than torch's sparse CSR product
+(docs/training.md, "One step"). Nothing outside this module multiplies with scipy or sees the
+numpy array of a product.
+
+``SparseFeatures`` is the same idea for a bag-of-words input matrix: the first layer's
+transform without densifying the features.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from fgl_common.arrays import offsets
+
+try:  # the kernel behind scipy's csr_matrix @ dense, without its per-call Python checks
+    from scipy.sparse._sparsetools import csr_matvecs as _csr_matvecs
+except ImportError:  # a scipy that moved it: the public (slower) route still works
+    _csr_matvecs = None
+
+# torch marks sparse CSR as beta; we only use CSR @ dense, which is stable.
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
+
+
+def numpy_dtype(dtype: torch.dtype) -> type:
+    """The numpy float type of one of the program's torch float types (float32 or float64)."""
+    return np.float64 if dtype == torch.float64 else np.float32
+
+
+@dataclass
+class CSRArrays:
+    """A CSR matrix as bare index/float arrays (host). The sampled operators are rebuilt every
+    step, and scipy's constructors (format checks, index-dtype choice) cost more than the slicing
+    itself. Stored operators keep int32 indices where they fit (``compact_indices``): at
+    ogbn-products size the cross blocks are most of a client's memory."""
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    data: np.ndarray
+    shape: tuple[int, int]
+
+    @classmethod
+    def of(cls, matrix: sp.csr_matrix) -> "CSRArrays":
+        matrix = matrix.tocsr()
+        return cls(matrix.indptr, matrix.indices, matrix.data, matrix.shape).compact_indices()
+
+    @classmethod
+    def empty(cls, rows: int = 0, cols: int = 0) -> "CSRArrays":
+        return cls(np.zeros(rows + 1, np.int64), np.zeros(0, np.int64), np.zeros(0), (rows, cols))
+
+    @property
+    def nnz(self) -> int:
+        return int(self.indices.shape[0])
+
+    def compact_indices(self) -> "CSRArrays":
+        """The same matrix with int32 indptr and indices when every index fits, else int64 (the
+        CSR kernel needs both of one type); arrays already of that type are not copied."""
+        fits = max(self.shape[0] + 1, self.shape[1], self.indices.shape[0]) < 2 ** 31
+        index = np.int32 if fits else np.int64
+        return CSRArrays(np.asarray(self.indptr, index), np.asarray(self.indices, index),
+                         self.data, self.shape)
+
+    def select(self, rows: np.ndarray, col_map: np.ndarray, num_cols: int) -> "CSRArrays":
+        """self[rows][:, cols] where col_map[c] = new column of c or -1 (CSR order kept)."""
+        starts = self.indptr[rows]
+        row_bounds = offsets(self.indptr[rows + 1] - starts)
+        lengths = np.diff(row_bounds)
+        # positions of the selected rows' entries: starts[r] + 0..lengths[r]-1, end to end
+        position = np.arange(row_bounds[-1], dtype=np.int64) + np.repeat(starts - row_bounds[:-1],
+                                                                          lengths)
+        new_cols = col_map[self.indices[position]]
+        keep = new_cols >= 0
+        kept_before = offsets(keep)
+        return CSRArrays(kept_before[row_bounds], new_cols[keep], self.data[position[keep]],
+                         (int(rows.shape[0]), int(num_cols)))
+
+    def transpose(self) -> "CSRArrays":
+        rows, cols = self.shape
+        row_of = np.repeat(np.arange(rows, dtype=np.int64), np.diff(self.indptr))
+        order = np.argsort(self.indices, kind="stable")  # within a column, rows stay ascending
+        indptr = offsets(np.bincount(self.indices, minlength=cols))
+        return CSRArrays(indptr, row_of[order], self.data[order], (cols, rows))
+
+    def row_slice(self, first: int, last: int) -> "CSRArrays":
+        """Rows first..last-1 (views of the arrays, no copy of the entries)."""
+        start, stop = int(self.indptr[first]), int(self.indptr[last])
+        return CSRArrays(self.indptr[first:last + 1] - start, self.indices[start:stop],
+                         self.data[start:stop], (last - first, self.shape[1]))
+
+    def with_dtype(self, dtype: torch.dtype) -> "CSRArrays":
+        return CSRArrays(self.indptr, self.indices, np.asarray(self.data, dtype=numpy_dtype(dtype)),
+                         self.shape).compact_indices()
+
+    def matmul_array(self, dense: np.ndarray) -> np.ndarray:
+        """self @ dense for a 2-D host array of the data's dtype, by scipy's CSR kernel (the
+        CPU backend of ``SparseMatrix``; ring words of ``--secure`` use their own loops)."""
+        dense = np.ascontiguousarray(dense, dtype=self.data.dtype)
+        rows, cols = self.shape
+        if _csr_matvecs is None:
+            return sp.csr_matrix((self.data, self.indices, self.indptr), shape=self.shape) @ dense
+        if dense.shape[0] != cols:
+            raise ValueError(f"sparse product of a {rows} x {cols} matrix with "
+                             f"{dense.shape[0]} rows")
+        out = np.zeros((rows, dense.shape[1]), dtype=dense.dtype)
+        _csr_matvecs(rows, cols, dense.shape[1], self.indptr, self.indices, self.data,
+                     dense.ravel(), out.ravel())
+        return out
+
+    def torch(self, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+        return torch.sparse_csr_tensor(torch.from_numpy(self.indptr), torch.from_numpy(self.indices),
+                                       torch.from_numpy(np.asarray(self.data)).to(dtype),
+                                       size=self.shape, device=device)
+
+
+def torch_csr(matrix: sp.csr_matrix, dtype: torch.dtype) -> torch.Tensor:
+    """A host scipy matrix as a torch sparse CSR tensor (the PyG baselines' ``adj_t``)."""
+    return CSRArrays.of(matrix).torch(dtype)
+
+
+class SparseMatrix:
+    """A constant sparse matrix of one float type that multiplies dense torch tensors."""
+
+    def __init__(self, arrays: CSRArrays, dtype: torch.dtype):
+        self.arrays = arrays.with_dtype(dtype)
+        self.shape = arrays.shape
+        self.dtype = dtype
+
+    def row_slice(self, first: int, last: int) -> "SparseMatrix":
+        return SparseMatrix(self.arrays.row_slice(first, last), self.dtype)
+
+    def matmul(self, dense: torch.Tensor) -> torch.Tensor:
+        """self @ dense [rows, d] (no autograd); zeros for an empty matrix or width."""
+        rows, cols = self.shape
+        if dense.shape[0] != cols:
+            raise ValueError(f"sparse product of a {rows} x {cols} matrix with "
+                             f"{dense.shape[0]} rows")
+        if rows == 0 or cols == 0 or dense.shape[1] == 0:
+            return dense.new_zeros((rows, dense.shape[1]))
+        return torch.from_numpy(self.arrays.matmul_array(dense.detach().numpy()))
+
+
+class SparseOperator:
+    """A constant sparse matrix with its transpose precomputed, for y -> M y with autograd."""
+
+    def __init__(self, matrix: "sp.csr_matrix | CSRArrays", dtype: torch.dtype,
+                 transpose: "CSRArrays | None" = None):
+        arrays = matrix if isinstance(matrix, CSRArrays) else CSRArrays.of(matrix)
+        self.shape = arrays.shape
+        self.forward_matrix = SparseMatrix(arrays, dtype)
+        self.transpose_matrix = SparseMatrix(arrays.transpose() if transpose is None
+                                             else transpose, dtype)
+
+    def __matmul__(self, dense: torch.Tensor) -> torch.Tensor:
+        return _SparseMatmul.apply(dense, self)
+
+
+class _SparseMatmul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, dense: torch.Tensor, op: SparseOperator) -> torch.Tensor:  # type: ignore[override]
+        ctx.op = op
+        return op.forward_matrix.matmul(dense)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        return ctx.op.transpose_matrix.matmul(grad), None
+
+
+class SparseFeatures:
+    """Rows of a sparse (bag-of-words) input matrix. The first layer multiplies it without ever
+    densifying: on Cora or Coauthor CS (about 1% non-zeros) that is most of an epoch's FLOPs.
+    Products are accumulated in float64 and rounded once to ``dtype``: as accurate as a dense
+    BLAS product, so float32 runs agree with other implementations to float32 precision."""
+
+    def __init__(self, matrix: sp.csr_matrix, dtype: torch.dtype):
+        self.matrix = matrix.tocsr().astype(np.float64)
+        self.dtype = dtype
+
+    @classmethod
+    def of_dense(cls, x: torch.Tensor) -> "SparseFeatures":
+        return cls(sp.csr_matrix(x.numpy()), x.dtype)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.matrix.shape
+
+    def rows(self, index: torch.Tensor) -> "SparseFeatures":
+        return SparseFeatures(self.matrix[index.numpy()], self.dtype)
+
+    def dropout(self, p: float, draws: torch.Tensor) -> "SparseFeatures":
+        """Dropout on the stored entries (dropping a zero changes nothing); ``draws``: one
+        uniform draw per stored entry."""
+        keep = (draws >= p).numpy()
+        data = self.matrix.data * keep / (1.0 - p)
+        return SparseFeatures(sp.csr_matrix((data, self.matrix.indices, self.matrix.indptr),
+                                            shape=self.matrix.shape), self.dtype)
+
+    @property
+    def nnz(self) -> int:
+        return int(self.matrix.nnz)
+
+    def linear(self, weight: torch.Tensor) -> torch.Tensor:
+        """X W^T with autograd for W."""
+        return _SparseInputLinear.apply(weight, self)
+
+
+class _SparseInputLinear(torch.autograd.Function):
+    """X W^T for a constant sparse X; backward gives dW = (X^T G)^T."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, features: SparseFeatures):  # type: ignore[override]
+        ctx.features = features
+        product = features.matrix @ weight.detach().numpy().astype(np.float64).T
+        return torch.from_numpy(np.ascontiguousarray(product)).to(weight.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        grad_weight = ctx.features.matrix.T @ grad.contiguous().numpy().astype(np.float64)
+        return torch.from_numpy(np.ascontiguousarray(grad_weight.T)).to(grad.dtype), None

@@ -1,0 +1,114 @@
+"""Every name a choice flag can take and where its implementation lives: the one list of training
+methods (``--algo``), backbones (``--backbone``), cross-client exchanges (``--exchange``) and
+samplings (``--sampling``). ``mpifgl.config`` takes its choices from here.
+
+Nothing here imports torch or another mpifgl module: the configuration and the study's driver
+read the lists without loading the model. An implementation is named as "module:attribute" and
+imported on use (``Entry.load``), so an unused method or exchange costs nothing at start-up.
+
+Adding a backbone: its layer class (``mpifgl.model.GraphLayer``) and one ``BACKBONES`` line.
+Adding an exchange mode: its module (``mpifgl.exchange.base.Exchange``) and one ``EXCHANGES`` line.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mpifgl.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One choice of a flag: its name, its implementation and what it is, in a line."""
+
+    name: str
+    path: str  # "module:attribute", imported on use
+    summary: str
+    # --secure can mask it (a method: its cross-client exchange; an exchange: its messages)
+    maskable: bool = False
+
+    def load(self) -> Any:
+        module, _, attribute = self.path.partition(":")
+        return getattr(importlib.import_module(module), attribute)
+
+
+@dataclass(frozen=True)
+class Method(Entry):
+    """An ``--algo``: its builder takes a ``mpifgl.trainer.RankSetup`` and returns the rank's
+    ``TrainingMethod``."""
+
+    distributed: bool = True  # runs under mpirun (server + clients); else in one process
+    # Flag defaults of this method that differ from TrainConfig's; an explicit flag wins.
+    defaults: tuple[tuple[str, Any], ...] = ()
+
+    def with_defaults(self, config: "TrainConfig", explicit: set[str]) -> "TrainConfig":
+        """``config`` with this method's defaults for the flags not given explicitly."""
+        changes = {name: value for name, value in self.defaults if name not in explicit}
+        return config.replace(**changes) if changes else config
+
+
+def _table(*entries: Entry) -> dict[str, Any]:
+    return {entry.name: entry for entry in entries}
+
+
+METHODS: dict[str, Method] = _table(
+    Method("ours", "mpifgl.methods.gnn:build_gnn",
+           "distributed GNN with cross-client exchange and label-guided sampling", maskable=True),
+    # The reference is full batch (the paper's centralized GCN); --sampling label|uniform makes
+    # it ``ours`` in one process, to check the sampler without MPI.
+    Method("centralized", "mpifgl.methods.gnn:build_gnn",
+           "the same model code on the whole graph in one process, full batch",
+           distributed=False, defaults=(("sampling", "none"),)),
+    Method("graphsage", "mpifgl.methods.sampled:GraphSAGEMethod",
+           "centralized GraphSAGE with neighbour sampling (Hamilton et al., 2017)",
+           distributed=False),
+    Method("graphsaint", "mpifgl.methods.sampled:GraphSAINTMethod",
+           "centralized GraphSAINT random-walk subgraph sampling (Zeng et al., 2020)",
+           distributed=False),
+    Method("fedavg", "mpifgl.methods.fedavg:build_fedavg",
+           "FedAvg on local subgraphs, cross-client edges dropped (McMahan et al., 2017)"),
+    Method("fedavg-nc", "mpifgl.methods.fedavg:build_fedavg_nc",
+           "FedAvg with a random share of cross-client neighbours collected"),
+    Method("bns", "mpifgl.methods.bns:build_bns",
+           "BNS-GCN boundary-node sampling in the distributed model (Wan et al., MLSys 2022)",
+           maskable=True),
+)
+
+BACKBONES: dict[str, Entry] = _table(
+    Entry("gcn", "mpifgl.model:GCNLayer", "GCN (Kipf & Welling), PyG GCNConv"),
+    Entry("1gnn", "mpifgl.model:OneGNNLayer", "1-GNN (Morris et al.), PyG GraphConv, sum"),
+)
+
+EXCHANGES: dict[str, Entry] = _table(
+    Entry("compact", "mpifgl.exchange.compact:CompactExchange",
+          "each client sends only its non-zero rows (ids once per sample), summed at the "
+          "server (Gatherv)", maskable=True),
+    Entry("compact-reduce", "mpifgl.exchange.compact_reduce:CompactReduceExchange",
+          "the same rows summed by MPI_Reduce over the rows any client touches (partial sums "
+          "may be added on other client ranks)"),
+    Entry("reduce", "mpifgl.exchange.dense:ReduceExchange",
+          "MPI_Reduce of a dense buffer of every sampled row"),
+    Entry("star", "mpifgl.exchange.dense:StarExchange",
+          "dense buffers gathered and summed at the server only"),
+)
+
+SAMPLINGS: dict[str, Entry] = _table(
+    Entry("label", "mpifgl.sampling:label_guided_distribution",
+          "label-guided (ours): each training class by its global frequency"),
+    Entry("uniform", "mpifgl.sampling:uniform_distribution",
+          "the same estimator with a uniform distribution"),
+    Entry("none", "", "the full graph every step (ours-full; the default of --algo centralized)"),
+)
+
+
+def lookup(table: dict[str, Any], flag: str, name: str) -> Any:
+    """``table[name]``, or a ValueError naming the flag, the value and the choices."""
+    if name not in table:
+        raise ValueError(f"--{flag} {name!r}, expected one of {', '.join(table)}")
+    return table[name]
+
+
+def maskable(table: dict[str, Entry]) -> tuple[str, ...]:
+    return tuple(name for name, entry in table.items() if entry.maskable)

@@ -1,0 +1,130 @@
+"""mpifgl.methods.gnn without mpirun (ranks are threads, tests/helpers/thread_comm.py): the
+distributed step equals the centralized one in every exchange mode, the server runs its side of
+the schedule without a model, the sampler resolves the sample size and steps, the loss is
+weighted by the global count of training rows, and a sample over capacity is refused."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fgl_common.shard_format import read_manifest
+from mpifgl.communicator import LocalComm
+from mpifgl.config import TrainConfig
+from mpifgl.graph import ClientGraph
+from mpifgl.methods import build_trainer
+from mpifgl.registry import EXCHANGES
+from mpifgl.sampling import NodeSample
+from tests.helpers.exactness import (TOLERANCE, assert_close, centralized_reference, fixed_sample,
+                                     flat_grads, gather_in_global_order, operator_logits)
+from tests.helpers.graphs import random_parts, write_shards
+from tests.helpers.thread_comm import ThreadWorld
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Ranks are threads: one intra-op thread each, as under an oversubscribed mpirun."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def config_for(shard_dir, **flags) -> TrainConfig:
+    values = dict(shards=str(shard_dir), dtype="float64", dropout=0.0, sampling="none",
+                  layers=2, hidden=16, seed=3)
+    values.update(flags)
+    return TrainConfig(**values)
+
+
+def method_of(comm, shard_dir, config: TrainConfig):
+    manifest = read_manifest(shard_dir)
+    graph = ClientGraph.for_rank(str(shard_dir), manifest, comm.client_id)
+    return build_trainer(config, comm, graph, manifest.num_classes).method, graph, manifest
+
+
+@pytest.mark.parametrize("mode", list(EXCHANGES))
+@pytest.mark.parametrize("backbone", ["gcn", "1gnn"])
+def test_a_distributed_step_equals_the_centralized_one(toy_graph, tmp_path, mode, backbone):
+    shard_dir = write_shards(toy_graph, random_parts(toy_graph.num_nodes, 3, seed=4),
+                             tmp_path / "shards")
+    config = config_for(shard_dir, exchange=mode, backbone=backbone)
+
+    def body(comm):
+        gnn, graph, manifest = method_of(comm, shard_dir, config)
+        own = fixed_sample(manifest.client_sizes())[comm.client_id] if comm.is_client else None
+        operator, train_rows = gnn.operator_for_sample(own)
+        loss = gnn.loss_and_gradients(operator, train_rows)
+        logits, _ = gather_in_global_order(
+            comm, operator_logits(comm, gnn, operator, manifest.num_classes),
+            graph.global_id[operator.rows.numpy()])
+        return loss, flat_grads(gnn.model), logits
+
+    found = ThreadWorld(4).run(body)
+    expected = centralized_reference(shard_dir, backbone, "float64", 2, sampled=True)[:3]
+    for name, a, b in zip(("loss", "grads", "logits"), found[0], expected):
+        assert_close(a, b, TOLERANCE["float64"], f"{mode} {backbone} {name}")
+    for loss, grads, _ in found[1:]:  # every rank holds the same loss and gradients
+        assert loss == found[0][0] and np.array_equal(grads, found[0][1])
+
+
+def test_the_server_runs_its_share_of_the_sums_and_no_model(toy_graph, tmp_path):
+    """The server's step is the schedule's exchanges and the gradient sum; its evaluation
+    returns no rows. Its optimizer steps like every client's, so every copy of the model stays
+    the same."""
+    shard_dir = write_shards(toy_graph, random_parts(toy_graph.num_nodes, 2, seed=1),
+                             tmp_path / "shards")
+
+    def body(comm):
+        gnn, _, _ = method_of(comm, shard_dir, config_for(shard_dir, sampling="label",
+                                                           dropout=0.2))
+        losses = [gnn.train_step() for _ in range(3)]
+        return losses, gnn.full_logits().shape, [p.detach().clone() for p in
+                                                 gnn.model.parameters()]
+
+    results = ThreadWorld(3).run(body)
+    assert results[0][1] == (0, toy_graph.num_classes)
+    assert results[1][1][0] + results[2][1][0] == toy_graph.num_nodes
+    for losses, _, parameters in results[1:]:
+        assert losses == results[0][0]
+        assert all(torch.equal(a, b) for a, b in zip(parameters, results[0][2]))
+
+
+def test_the_sampler_resolves_the_sample_size_and_steps(toy_graph, tmp_path):
+    shard_dir = write_shards(toy_graph, random_parts(toy_graph.num_nodes, 1), tmp_path / "s")
+    n = toy_graph.num_nodes
+    gnn, _, _ = method_of(LocalComm(), shard_dir, config_for(shard_dir, sampling="label"))
+    assert gnn.config.sample_size == -(-n // 4) and gnn.config.steps_per_epoch == 4
+    gnn, _, _ = method_of(LocalComm(), shard_dir, config_for(shard_dir, sampling="uniform",
+                                                              sample_size=n // 2 + 1))
+    assert gnn.config.steps_per_epoch == 2
+    gnn, _, _ = method_of(LocalComm(), shard_dir, config_for(shard_dir))
+    assert gnn.sampler is None and gnn.config.steps_per_epoch == 1
+
+
+def test_the_loss_is_the_sampled_cross_entropy_over_the_global_training_count(toy_graph,
+                                                                             tmp_path):
+    """sum of cross-entropies over the step's training rows / the GLOBAL count of such rows:
+    with every node sampled, exactly the centralized mean cross-entropy."""
+    shard_dir = write_shards(toy_graph, random_parts(toy_graph.num_nodes, 1), tmp_path / "s")
+    gnn, graph, _ = method_of(LocalComm(), shard_dir, config_for(shard_dir))
+    index = np.arange(graph.num_nodes)
+    operator, train_rows = gnn.operator_for_sample(NodeSample(index, np.ones(index.shape[0])))
+    assert train_rows == int(graph.train_mask.sum())
+    loss = gnn.loss_and_gradients(operator, train_rows)
+    with torch.no_grad():
+        gnn.model.eval()
+        logits = gnn.model(gnn.x, gnn.full_operator)
+    train = torch.from_numpy(graph.train_mask)
+    expected = torch.nn.functional.cross_entropy(logits[train], gnn.setup.y[train])
+    assert loss == pytest.approx(float(expected), rel=1e-12)
+
+
+def test_a_sample_over_capacity_is_refused_naming_the_client(toy_graph, tmp_path):
+    shard_dir = write_shards(toy_graph, random_parts(toy_graph.num_nodes, 1), tmp_path / "s")
+    gnn, _, _ = method_of(LocalComm(), shard_dir, config_for(shard_dir, sampling="label",
+                                                              sample_size=5))
+    too_many = np.arange(gnn.sample_capacity() + 1)
+    with pytest.raises(ValueError, match=f"a sample of {too_many.shape[0]} nodes on client 0, "
+                                         f"expected at most {gnn.sample_capacity()}"):
+        gnn.operator_for_sample(NodeSample(too_many, np.ones(too_many.shape[0])))
