@@ -148,7 +148,14 @@ def run(method: str, clients: int, shards: Path, work: Path, epochs: int, exchan
                "--epochs", str(epochs), "--eval-every", str(epochs), "--force", *METHODS[method]]
     if exchange and method != "centralized":
         command += ["--exchange", exchange]
-    if method != "centralized":
+    return run_command(method, clients, command, out, method != "centralized", timeout)
+
+
+def run_command(method: str, clients: int, command: list[str], out: Path, distributed: bool,
+                timeout: float) -> Outcome:
+    """Run one ``python -m mpifgl.train`` command (under mpirun with clients + 1 ranks when
+    ``distributed``) into ``out``; its outcome from the exit status and the run's files."""
+    if distributed:
         command = [mpirun_path(), "-n", str(clients + 1), *command]
     shutil.rmtree(out, ignore_errors=True)  # no stale metrics when this run fails early
     out.mkdir(parents=True)
@@ -269,7 +276,7 @@ def table(outcomes: list[Outcome]) -> str:
     lines = [f"{'':22}" + "".join(f"{o.label:>{width + 2}}" for o in outcomes)]
     for name, cells in rows:
         if name == "status":  # may be long: one line per failed run below the table
-            cells = ["done" if c == "done" else "failed" for c in cells]
+            cells = [c.split(" (")[0] for c in cells]
         lines.append(f"{name:22}" + "".join(f"{c:>{width + 2}}" for c in cells))
     lines += [f"{o.label}: {o.status}" for o in outcomes if o.status != "done"]
     return "\n".join(lines)

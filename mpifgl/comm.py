@@ -82,6 +82,7 @@ class MPICommunicator(TrafficCounters):
         self.is_server = self.rank == SERVER_RANK
         self.is_client = not self.is_server
         self._counting_exchange = False
+        self._node: "MPI.Comm | None" = None  # the ranks of this node, split on first use
         self.reset_counters()
 
     # -- accounting ------------------------------------------------------------------------
@@ -270,6 +271,12 @@ class MPICommunicator(TrafficCounters):
         errors = self.comm.allgather(error)
         return [(rank, client_of_rank(rank), message) for rank, message in enumerate(errors)
                 if message]
+
+    def node_allgather(self, value: Any) -> list[Any]:
+        """Every value of the ranks sharing this rank's node, in their node order."""
+        if self._node is None:
+            self._node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        return self._node.allgather(value)
 
     def wait_for_server(self, poll_seconds: float = 0.05) -> None:
         """A barrier that sleeps instead of spinning, so waiting clients leave the CPU to the

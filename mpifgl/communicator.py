@@ -127,6 +127,11 @@ class Communicator(Protocol):
         """Every rank's set-up error as (rank, client id, message), on every rank."""
         ...
 
+    def node_allgather(self, value: Any) -> list[Any]:
+        """Every value of the ranks on this rank's node (shared memory), in their order there,
+        on each of them (set-up: dividing the node's cores and GPUs)."""
+        ...
+
     def wait_for_server(self, poll_seconds: float = 0.05) -> None:
         """A barrier that leaves the CPU to the server while it works."""
         ...
@@ -224,6 +229,9 @@ class LocalComm(TrafficCounters):
 
     def agree_on_errors(self, error: str | None) -> list[tuple[int, int, str]]:
         return [(self.rank, self.client_id, error)] if error else []
+
+    def node_allgather(self, value: Any) -> list[Any]:
+        return [value]
 
     def wait_for_server(self, poll_seconds: float = 0.05) -> None:
         pass  # the one process is the server

@@ -85,6 +85,12 @@ class TrainConfig:
                                 "same --init-seed and different --seed differ only in their "
                                 "sampling and dropout streams)")
     dtype: str = option("float32", "floating point type of features, weights and messages", DTYPES)
+    device: str = option("auto", "where each rank computes: auto (CUDA when torch sees a GPU, else "
+                                 "the CPU), cpu, cuda (the node's GPUs shared out among its "
+                                 "ranks) or cuda:N; see docs/hardware.md")
+    threads: str = option("auto", "CPU threads per rank: auto (the cores this process may use, "
+                                  "divided among the ranks of its node that share them, at "
+                                  "least 1) or a number")
     feature_format: str = option("auto", "input features as dense or sparse matrices; auto: sparse "
                                          "when at most 10% of entries are non-zero",
                                  ("auto", "dense", "sparse"))
@@ -132,6 +138,8 @@ class TrainConfig:
         need(self.checkpoint_every >= 0, "checkpoint-every", self.checkpoint_every,
              "an integer >= 0")
         need(self.log_every >= 1, "log-every", self.log_every, "an integer >= 1")
+        check_device_spec(self.device)
+        parse_threads(self.threads)
         need(self.local_epochs >= 1, "local-epochs", self.local_epochs, "an integer >= 1")
         need(0.0 <= self.nc_fraction <= 1.0, "nc-fraction", self.nc_fraction, "a fraction in [0, 1]")
         need(0.0 < self.boundary_p <= 1.0, "boundary-p", self.boundary_p, "a probability in (0, 1]")
@@ -165,6 +173,22 @@ class TrainConfig:
         return cls(**values)
 
 
+def parse_threads(spec: str) -> int:
+    """0 for ``auto``, else the number; ValueError naming the flag otherwise."""
+    if spec == "auto":
+        return 0
+    if spec.isdigit() and int(spec) >= 1:
+        return int(spec)
+    raise ValueError(f"--threads is {spec!r}, expected auto or an integer >= 1")
+
+
+def check_device_spec(spec: str) -> None:
+    """ValueError naming the flag for a device that is not auto, cpu, cuda or cuda:N."""
+    if spec in ("auto", "cpu", "cuda") or (spec.startswith("cuda:") and spec[5:].isdigit()):
+        return
+    raise ValueError(f"--device is {spec!r}, expected one of auto, cpu, cuda, cuda:N")
+
+
 def _choices(name: str) -> tuple[str, ...]:
     return next(f.metadata["choices"] for f in fields(TrainConfig) if f.name == name)
 
@@ -184,7 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
 # (the exchange's buffer cap only cuts the same sums into other chunks: a resume on a machine
 # with less memory needs it).
 RESUME_OVERRIDABLE = ("epochs", "eval_every", "log_every", "checkpoint_every", "save_logits",
-                      "resume", "out", "force", "verbose", "exchange_buffer_mb")
+                      "resume", "out", "force", "verbose", "exchange_buffer_mb", "device",
+                      "threads")
 # Flags naming files: saved resolved (absolute), compared resolved, so a resume works from any
 # working directory and accepts the same directory spelled differently.
 PATH_FLAGS = ("shards", "data_root")

@@ -140,7 +140,8 @@ class CrossExchangePlan:
 
     @classmethod
     def of_cross_block(cls, cross: CSRArrays, segment_rows: np.ndarray, own: int,
-                       dtype: torch.dtype) -> "CrossExchangePlan":
+                       dtype: torch.dtype, device: torch.device | str = "cpu"
+                       ) -> "CrossExchangePlan":
         """From A_i,cross[S_i, S] [|S_i|, n_S]. Its transpose's empty rows are dropped (their
         entries are contiguous already, so only indptr changes)."""
         transposed = cross.transpose()
@@ -149,7 +150,8 @@ class CrossExchangePlan:
         send_rows = CSRArrays(indptr, transposed.indices, transposed.data,
                               (int(touched.shape[0]), int(cross.shape[0])))
         receive_rows = np.flatnonzero(np.diff(cross.indptr)).astype(np.int64)
-        return cls(SparseMatrix(send_rows, dtype), touched, receive_rows, segment_rows, own)
+        return cls(SparseMatrix(send_rows, dtype, device), touched, receive_rows, segment_rows,
+                   own)
 
     @classmethod
     def of_server(cls, segment_rows: np.ndarray) -> "CrossExchangePlan":
@@ -170,19 +172,20 @@ def sample_columns(graph: ClientGraph, samples: list[np.ndarray]) -> tuple[np.nd
 
 
 def build_operator(graph: ClientGraph, backbone: str, samples: list[np.ndarray] | None,
-                   probability: np.ndarray | None, dtype: torch.dtype,
-                   exchanged: bool) -> LayerOperator:
+                   probability: np.ndarray | None, dtype: torch.dtype, exchanged: bool,
+                   device: torch.device | str = "cpu") -> LayerOperator:
     """Operators for the sample ``samples[j]`` (sorted local indices of every client j), or for
     the full graph when ``samples`` is None, normalised by the backbone's layer
     (``GraphLayer.scales``).
     ``probability`` = p(u) of this client's sampled nodes (None: 1). ``exchanged``: build the
     cross-client plan (False in one process). The server (client id -1) gets only its plan's
-    segment sizes: it holds no rows and runs no model, it takes part in the sums."""
+    segment sizes: it holds no rows and runs no model, it takes part in the sums. The structure
+    is built on the host; the operator's tensors and matrices live on ``device``."""
     own = graph.client_id
     n_i = graph.num_nodes
     if own < 0 and exchanged:
         segments = graph.client_sizes if samples is None else [s.shape[0] for s in samples]
-        return _server_operator(np.asarray(segments, dtype=np.int64), dtype)
+        return _server_operator(np.asarray(segments, dtype=np.int64), dtype, device)
     if samples is None:
         rows = np.arange(n_i, dtype=np.int64)
         inner = graph.inner_arrays
@@ -203,15 +206,16 @@ def build_operator(graph: ClientGraph, backbone: str, samples: list[np.ndarray] 
                                         torch.from_numpy(np.asarray(p, dtype=np.float64)))
     plan = None
     if cross is not None:
-        plan = CrossExchangePlan.of_cross_block(cross, segment_rows, own, dtype)
-    as_col = lambda v: v.to(dtype)[:, None]  # noqa: E731
-    return LayerOperator(torch.from_numpy(rows), SparseOperator(inner, dtype),
+        plan = CrossExchangePlan.of_cross_block(cross, segment_rows, own, dtype, device)
+    as_col = lambda v: v.to(dtype)[:, None].to(device)  # noqa: E731
+    return LayerOperator(torch.from_numpy(rows).to(device), SparseOperator(inner, dtype, device),
                          as_col(scale.row), as_col(scale.col), as_col(scale.self), plan)
 
 
-def _server_operator(segment_rows: np.ndarray, dtype: torch.dtype) -> LayerOperator:
+def _server_operator(segment_rows: np.ndarray, dtype: torch.dtype,
+                     device: torch.device | str) -> LayerOperator:
     """No rows, an empty operator, and the exchange plan's segment sizes only."""
-    empty = torch.zeros((0, 1), dtype=dtype)
-    return LayerOperator(torch.zeros(0, dtype=torch.int64),
-                         SparseOperator(CSRArrays.empty(), dtype), empty, empty, empty,
+    empty = torch.zeros((0, 1), dtype=dtype, device=device)
+    return LayerOperator(torch.zeros(0, dtype=torch.int64, device=device),
+                         SparseOperator(CSRArrays.empty(), dtype, device), empty, empty, empty,
                          CrossExchangePlan.of_server(segment_rows))

@@ -230,14 +230,19 @@ def layer_type(backbone: str) -> type[GraphLayer]:
     return lookup(BACKBONES, "backbone", backbone).load()
 
 
-def uniform_draws(shape: tuple[int, ...], rng: np.random.Generator) -> torch.Tensor:
-    """float32 uniform draws in [0, 1) from a rank's reproducible, checkpointed numpy stream.
-    numpy's PCG64 rather than a torch.Generator: torch's CPU mt19937 draws much slower
-    (docs/training.md)."""
+RandomStream = "np.random.Generator | torch.Generator"
+
+
+def uniform_draws(shape: tuple[int, ...], rng: RandomStream) -> torch.Tensor:
+    """float32 uniform draws in [0, 1) from a rank's reproducible, checkpointed stream, on the
+    stream's device: numpy's PCG64 on the CPU (torch's CPU mt19937 draws much slower,
+    docs/training.md), a torch generator on a GPU (the draws are made where they are used)."""
+    if isinstance(rng, torch.Generator):
+        return torch.rand(shape, generator=rng, dtype=torch.float32, device=rng.device)
     return torch.from_numpy(rng.random(shape, dtype=np.float32))
 
 
-def dropout(z: Features, p: float, rng: np.random.Generator) -> Features:
+def dropout(z: Features, p: float, rng: RandomStream) -> Features:
     """Inverted dropout drawn from ``rng`` (``uniform_draws``)."""
     if isinstance(z, SparseFeatures):
         return z.dropout(p, uniform_draws((z.nnz,), rng)) if p > 0.0 else z
@@ -268,7 +273,7 @@ class GNN(nn.Module):
         self.to(dtype)
 
     def forward(self, x: Features, op: LayerOperator,
-                rng: np.random.Generator | None = None) -> torch.Tensor:
+                rng: RandomStream | None = None) -> torch.Tensor:
         """x: [|S_i|, in_dim] rows of the sample; returns logits [|S_i|, out_dim].
         Dropout applies when ``rng`` is given (training) and the model is in train mode."""
         z = x
@@ -282,9 +287,16 @@ class GNN(nn.Module):
 
 
 def make_features(x: np.ndarray, dtype: torch.dtype, feature_format: str = "auto",
-                  max_density: float = 0.1) -> Features:
-    """A shard's features as a dense tensor, or SparseFeatures when sparse enough to pay off."""
+                  max_density: float = 0.1, device: torch.device | str = "cpu") -> Features:
+    """A shard's features as a dense tensor on ``device``, or (on the CPU) SparseFeatures when
+    sparse enough to pay off. A GPU takes bag-of-words features dense: its dense products are
+    faster than a sparse one of float64 accumulation."""
     dense = torch.from_numpy(np.asarray(x)).to(dtype)
+    if torch.device(device).type != "cpu":
+        if feature_format == "sparse":
+            raise ValueError(f"--feature-format sparse runs on the CPU only; expected dense or "
+                             f"auto with --device {device}")
+        return dense.to(device)
     density = int(torch.count_nonzero(dense)) / max(1, dense.numel())
     if feature_format == "sparse" or (feature_format == "auto" and density <= max_density):
         return SparseFeatures.of_dense(dense)

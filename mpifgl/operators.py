@@ -4,10 +4,16 @@ exchange and the baselines.
 Graph structure is index bookkeeping done on the host (``CSRArrays``: indptr, indices and data as
 numpy arrays), once per shard and once per sampled step; the products go through
 ``SparseMatrix.matmul`` (no autograd) and ``SparseOperator`` (``op @ y`` with autograd), which
-take and return torch tensors. The CPU backend runs scipy's CSR kernel on numpy views of the
-tensors (no copy): on sampled matrices it is faster than torch's sparse CSR product
-(docs/training.md, "One step"). Nothing outside this module multiplies with scipy or sees the
-numpy array of a product.
+take and return torch tensors on the matrix's device. Backends:
+
+* CPU, one thread: scipy's CSR kernel on numpy views of the tensors (no copy); on sampled
+  matrices it is faster than torch's sparse CSR product (docs/training.md, "One step");
+* CPU, several threads (``set_cpu_threads``, from ``--threads``): the same loop compiled with
+  numba, rows shared out among the threads; every output row is summed by one thread in the same
+  order, so the results are scipy's bit for bit whatever the thread count;
+* CUDA: torch's sparse CSR product (cuSPARSE), the matrix copied to the device once.
+
+Nothing outside this module multiplies with scipy or sees the numpy array of a product.
 
 ``SparseFeatures`` is the same idea for a bag-of-words input matrix: the first layer's
 transform without densifying the features.
@@ -28,9 +34,59 @@ try:  # the kernel behind scipy's csr_matrix @ dense, without its per-call Pytho
 except ImportError:  # a scipy that moved it: the public (slower) route still works
     _csr_matvecs = None
 
+# threads of the CPU sparse kernel (set_cpu_threads): 1 keeps scipy's single-threaded kernel
+_CPU_THREADS = [1]
+# below this many stored entries a product runs on one thread (no thread start-up to pay)
+PARALLEL_MIN_ENTRIES = 20_000
+
 # torch marks sparse CSR as beta; we only use CSR @ dense, which is stable.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
+
+
+def set_cpu_threads(threads: int) -> None:
+    """Threads of the CPU sparse products from now on (``--threads``)."""
+    _CPU_THREADS[0] = max(1, int(threads))
+
+
+def _parallel_loop():
+    """The CSR product as a numba loop over rows in parallel, compiled on first use (runs with
+    one thread never import numba)."""
+    if not hasattr(_parallel_loop, "compiled"):
+        import numba
+
+        @numba.njit(parallel=True, nogil=True, cache=True)
+        def csr_matmul(indptr, indices, data, dense, out):  # pragma: no cover - compiled
+            for row in numba.prange(indptr.shape[0] - 1):
+                target = out[row]
+                for k in range(indptr[row], indptr[row + 1]):
+                    value = data[k]
+                    source = dense[indices[k]]
+                    for c in range(dense.shape[1]):
+                        target[c] += value * source[c]
+
+        _parallel_loop.compiled = csr_matmul
+        _parallel_loop.numba = numba
+    return _parallel_loop.compiled, _parallel_loop.numba
+
+
+def csr_matmul_host(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, shape,
+                    dense: np.ndarray) -> np.ndarray:
+    """CSR (indptr, indices, data) of ``shape`` @ a C-contiguous 2-D host array of the data's
+    dtype -> a fresh array; scipy's kernel on one thread, the numba loop on several."""
+    rows, cols = shape
+    out = np.zeros((rows, dense.shape[1]), dtype=dense.dtype)
+    threads = _CPU_THREADS[0]
+    if threads > 1 and indices.shape[0] >= PARALLEL_MIN_ENTRIES:
+        loop, numba = _parallel_loop()
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+        loop(indptr, indices, data, dense, out)
+    elif _csr_matvecs is None:
+        out = sp.csr_matrix((data, indices, indptr), shape=shape) @ dense
+    else:
+        _csr_matvecs(rows, cols, dense.shape[1], indptr, indices, data, dense.ravel(),
+                     out.ravel())
+    return out
 
 
 def numpy_dtype(dtype: torch.dtype) -> type:
@@ -103,19 +159,14 @@ class CSRArrays:
                          self.shape).compact_indices()
 
     def matmul_array(self, dense: np.ndarray) -> np.ndarray:
-        """self @ dense for a 2-D host array of the data's dtype, by scipy's CSR kernel (the
-        CPU backend of ``SparseMatrix``; ring words of ``--secure`` use their own loops)."""
+        """self @ dense for a 2-D host array of the data's dtype (the CPU backend of
+        ``SparseMatrix``; ring words of ``--secure`` use their own loops)."""
         dense = np.ascontiguousarray(dense, dtype=self.data.dtype)
         rows, cols = self.shape
-        if _csr_matvecs is None:
-            return sp.csr_matrix((self.data, self.indices, self.indptr), shape=self.shape) @ dense
         if dense.shape[0] != cols:
             raise ValueError(f"sparse product of a {rows} x {cols} matrix with "
                              f"{dense.shape[0]} rows")
-        out = np.zeros((rows, dense.shape[1]), dtype=dense.dtype)
-        _csr_matvecs(rows, cols, dense.shape[1], self.indptr, self.indices, self.data,
-                     dense.ravel(), out.ravel())
-        return out
+        return csr_matmul_host(self.indptr, self.indices, self.data, self.shape, dense)
 
     def torch(self, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
         return torch.sparse_csr_tensor(torch.from_numpy(self.indptr), torch.from_numpy(self.indices),
@@ -129,15 +180,29 @@ def torch_csr(matrix: sp.csr_matrix, dtype: torch.dtype) -> torch.Tensor:
 
 
 class SparseMatrix:
-    """A constant sparse matrix of one float type that multiplies dense torch tensors."""
+    """A constant sparse matrix of one float type on one device that multiplies dense torch
+    tensors of that device."""
 
-    def __init__(self, arrays: CSRArrays, dtype: torch.dtype):
+    def __init__(self, arrays: CSRArrays, dtype: torch.dtype,
+                 device: torch.device | str = "cpu"):
         self.arrays = arrays.with_dtype(dtype)
         self.shape = arrays.shape
         self.dtype = dtype
+        self.device = torch.device(device)
+        # on a GPU: the matrix copied there once, and each row slice asked for (an exchange asks
+        # for the same chunks in every layer and direction)
+        self._on_device: torch.Tensor | None = None
+        self._slices: dict[tuple[int, int], SparseMatrix] = {}
 
     def row_slice(self, first: int, last: int) -> "SparseMatrix":
-        return SparseMatrix(self.arrays.row_slice(first, last), self.dtype)
+        if (first, last) == (0, self.shape[0]):
+            return self
+        if self.device.type == "cpu":
+            return SparseMatrix(self.arrays.row_slice(first, last), self.dtype)
+        if (first, last) not in self._slices:
+            self._slices[(first, last)] = SparseMatrix(self.arrays.row_slice(first, last),
+                                                       self.dtype, self.device)
+        return self._slices[(first, last)]
 
     def matmul(self, dense: torch.Tensor) -> torch.Tensor:
         """self @ dense [rows, d] (no autograd); zeros for an empty matrix or width."""
@@ -145,21 +210,24 @@ class SparseMatrix:
         if dense.shape[0] != cols:
             raise ValueError(f"sparse product of a {rows} x {cols} matrix with "
                              f"{dense.shape[0]} rows")
-        if rows == 0 or cols == 0 or dense.shape[1] == 0:
+        if rows == 0 or cols == 0 or dense.shape[1] == 0 or self.arrays.nnz == 0:
             return dense.new_zeros((rows, dense.shape[1]))
-        return torch.from_numpy(self.arrays.matmul_array(dense.detach().numpy()))
+        if self.device.type == "cpu":
+            return torch.from_numpy(self.arrays.matmul_array(dense.detach().numpy()))
+        if self._on_device is None:
+            self._on_device = self.arrays.torch(self.dtype, self.device)
+        return torch.sparse.mm(self._on_device, dense.detach().contiguous())
 
 
 class SparseOperator:
     """A constant sparse matrix with its transpose precomputed, for y -> M y with autograd."""
 
     def __init__(self, matrix: "sp.csr_matrix | CSRArrays", dtype: torch.dtype,
-                 transpose: "CSRArrays | None" = None):
+                 device: torch.device | str = "cpu"):
         arrays = matrix if isinstance(matrix, CSRArrays) else CSRArrays.of(matrix)
         self.shape = arrays.shape
-        self.forward_matrix = SparseMatrix(arrays, dtype)
-        self.transpose_matrix = SparseMatrix(arrays.transpose() if transpose is None
-                                             else transpose, dtype)
+        self.forward_matrix = SparseMatrix(arrays, dtype, device)
+        self.transpose_matrix = SparseMatrix(arrays.transpose(), dtype, device)
 
     def __matmul__(self, dense: torch.Tensor) -> torch.Tensor:
         return _SparseMatmul.apply(dense, self)
@@ -185,6 +253,7 @@ class SparseFeatures:
     def __init__(self, matrix: sp.csr_matrix, dtype: torch.dtype):
         self.matrix = matrix.tocsr().astype(np.float64)
         self.dtype = dtype
+        self._transpose: CSRArrays | None = None  # X^T as CSR, for the backward product
 
     @classmethod
     def of_dense(cls, x: torch.Tensor) -> "SparseFeatures":
@@ -213,6 +282,23 @@ class SparseFeatures:
         """X W^T with autograd for W."""
         return _SparseInputLinear.apply(weight, self)
 
+    def product(self, dense: np.ndarray) -> np.ndarray:
+        """X @ dense (float64 host arrays)."""
+        m = self.matrix
+        return csr_matmul_host(m.indptr, m.indices, m.data, m.shape, np.ascontiguousarray(dense))
+
+    def transpose_product(self, dense: np.ndarray) -> np.ndarray:
+        """X^T @ dense (float64 host arrays): each output row summed over X's rows in order
+        (scipy's CSC product of X.T on one thread; X^T as CSR, built once, on several)."""
+        if _CPU_THREADS[0] == 1:
+            return np.ascontiguousarray(self.matrix.T @ dense)
+        if self._transpose is None:
+            arrays = CSRArrays(self.matrix.indptr, self.matrix.indices, self.matrix.data,
+                               self.matrix.shape)
+            self._transpose = arrays.transpose().compact_indices()
+        t = self._transpose
+        return csr_matmul_host(t.indptr, t.indices, t.data, t.shape, np.ascontiguousarray(dense))
+
 
 class _SparseInputLinear(torch.autograd.Function):
     """X W^T for a constant sparse X; backward gives dW = (X^T G)^T."""
@@ -220,10 +306,10 @@ class _SparseInputLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, weight: torch.Tensor, features: SparseFeatures):  # type: ignore[override]
         ctx.features = features
-        product = features.matrix @ weight.detach().numpy().astype(np.float64).T
-        return torch.from_numpy(np.ascontiguousarray(product)).to(weight.dtype)
+        product = features.product(weight.detach().numpy().astype(np.float64).T)
+        return torch.from_numpy(product).to(weight.dtype)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        grad_weight = ctx.features.matrix.T @ grad.contiguous().numpy().astype(np.float64)
+        grad_weight = ctx.features.transpose_product(grad.contiguous().numpy().astype(np.float64))
         return torch.from_numpy(np.ascontiguousarray(grad_weight.T)).to(grad.dtype), None

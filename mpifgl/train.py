@@ -31,6 +31,7 @@ from mpifgl.config import TrainConfig, build_parser, resolved_path, resumed_conf
 from mpifgl.failures import (Interrupted, SetupError, agree, describe, exit_status,
                              install_signal_handlers, rank_label)
 from mpifgl.graph import ClientGraph
+from mpifgl import hardware
 from mpifgl.methods import build_trainer, get_method
 from mpifgl.runlog import (CHECKPOINT_NAME, RunDirectory, claim_run_dir, default_run_dir,
                            load_checkpoint)
@@ -216,6 +217,9 @@ def set_up(config: TrainConfig, comm: Communicator, progress: RankProgress,
         config = config.replace(out=os.path.abspath(config.out))
     config = comm.broadcast_object(config)
     progress.config = config
+    # the device and threads of every rank: a GPU asked for and missing stops every rank here
+    placement = agree(comm, lambda: hardware.place(config.device, config.threads, comm))
+    hardware.apply(placement)
     progress.phase = "while taking the run directory and loading the shards"
 
     def claim_and_load() -> ClientGraph:
@@ -232,7 +236,11 @@ def set_up(config: TrainConfig, comm: Communicator, progress: RankProgress,
                 "num_clients": manifest.num_clients, "num_nodes": manifest.num_nodes,
                 "backbone": config.backbone, "sampling": config.sampling,
                 "world_size": comm.size, "shards": config.shards}
-    trainer = build_trainer(config, comm, graph, manifest.num_classes, run_dir, run_info)
+    placements = comm.gather_objects(placement)
+    if placements is not None:
+        run_info["placement"] = describe_placements(placements)
+    trainer = build_trainer(config, comm, graph, manifest.num_classes, run_dir, run_info,
+                            placement.device)
     if config.resume:
         trainer.load_checkpoint(checkpoint)
         if run_dir is not None:
@@ -242,7 +250,9 @@ def set_up(config: TrainConfig, comm: Communicator, progress: RankProgress,
     config = trainer.config  # sample size and steps per epoch resolved against the graph
     if run_dir is not None:
         resolved = {**config.to_dict(), "world_size": comm.size, "num_classes": manifest.num_classes,
-                    "torch_threads": torch.get_num_threads()}
+                    "devices": [str(p.device) for p in placements],
+                    "gpu_names": [p.gpu_name for p in placements],
+                    "threads_per_rank": [p.threads for p in placements]}
         run_dir.write_json("config.json", resolved)
         log.info("config: %s", " ".join(f"{k}={v}" for k, v in sorted(config.to_dict().items())))
     progress.trainer = trainer
@@ -258,8 +268,9 @@ def train(config: TrainConfig, comm: Communicator, progress: RankProgress,
     keep = (f"checkpoint every {config.checkpoint_every} epochs, --resume {config.out} continues"
             if config.checkpoint_every else "no checkpoints (--checkpoint-every K to resume "
                                             "after an interruption)")
-    log.info("%s %s %s on %s: %d epochs -> %s (%s)", config.algo, config.backbone, where,
-             trainer.run_info["dataset"], config.epochs, config.out, keep)
+    log.info("%s %s %s on %s, %s: %d epochs -> %s (%s)", config.algo, config.backbone, where,
+             trainer.run_info["dataset"], trainer.run_info.get("placement", ""), config.epochs,
+             config.out, keep)
     final = trainer.run()
     if comm.is_server:
         log.info("done: test micro-F1 %.4f at best val epoch %d -> %s", final["test_micro_f1"],
@@ -267,6 +278,19 @@ def train(config: TrainConfig, comm: Communicator, progress: RankProgress,
     if progress.run_dir is not None:
         progress.run_dir.release()
     return 0
+
+
+def describe_placements(placements: list[hardware.Placement]) -> str:
+    """Every rank's device and threads in a few words: 'cuda:0 (NVIDIA H200) x 9, 1 thread
+    per rank'."""
+    devices: dict[str, int] = {}
+    for p in placements:
+        key = f"{p.device} ({p.gpu_name})" if p.gpu_name else str(p.device)
+        devices[key] = devices.get(key, 0) + 1
+    threads = sorted({p.threads for p in placements})
+    per_rank = "/".join(map(str, threads))
+    where = ", ".join(f"{d} x {n}" if n > 1 else d for d, n in devices.items())
+    return f"{where}, {per_rank} thread{'s' if threads != [1] else ''} per rank"
 
 
 def run_rank(comm: Communicator, progress: RankProgress, body: Callable[[], int]) -> int:
@@ -323,8 +347,6 @@ def run_distributed(config: TrainConfig, explicit: set[str]) -> int:
               "least 1 client; launch with mpirun -n M+1 (or use --algo centralized)",
               file=sys.stderr)
         return USAGE_ERROR
-    if comm.size > (os.cpu_count() or 1):
-        torch.set_num_threads(1)  # oversubscribed: one thread per rank, no thrashing
     setup_logging("server" if comm.is_server else f"client {comm.client_id}", comm.is_server)
     install_signal_handlers()
     progress = RankProgress(config)

@@ -32,12 +32,30 @@ from mpifgl.secure import MaskedSums, SecureSession
 log = logging.getLogger("mpifgl")
 SPLITS = ("train", "val", "test")
 RANK_STATS = ("epoch_seconds", "compute_seconds", "comm_seconds", "bytes_sent",
-              "bytes_received", "peak_rss_mb", "exchange_bytes_sent", "exchange_bytes_received")
+              "bytes_received", "peak_rss_mb", "exchange_bytes_sent", "exchange_bytes_received",
+              "peak_gpu_mb")
 BYTE_STATS = ("bytes_sent", "bytes_received", "exchange_bytes_sent", "exchange_bytes_received")
 
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def peak_gpu_mb(device: torch.device) -> float:
+    """The most memory torch has held on this rank's GPU (0 on the CPU)."""
+    return torch.cuda.max_memory_allocated(device) / 2 ** 20 if device.type == "cuda" else 0.0
+
+
+def on_host(state: Any) -> Any:
+    """A state dict (nested dicts and lists of tensors) with every tensor in host memory, so
+    that model.pt and checkpoints load on any device."""
+    if isinstance(state, torch.Tensor):
+        return state.cpu()
+    if isinstance(state, dict):
+        return {k: on_host(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(on_host(v) for v in state)
+    return state
 
 
 @dataclass
@@ -57,17 +75,21 @@ class RankSetup:
     groups: np.ndarray  # int64 [n_i]: each node's sampling group (label of a training node)
     global_group_counts: np.ndarray  # int64 [C + 1]: nodes per group over all clients
     global_split_counts: dict[str, int]  # split -> nodes over all clients
-    # Independent, reproducible streams per rank for sampling and dropout (saved in checkpoints).
+    # Independent, reproducible streams per rank for sampling and dropout (saved in checkpoints):
+    # sampling draws on the host; dropout where it is applied (numpy on the CPU, a torch
+    # generator on a GPU)
     sample_rng: np.random.Generator
-    dropout_rng: np.random.Generator
+    dropout_rng: "np.random.Generator | torch.Generator"
     # --secure: this run's keys (agreed in create, held in memory only); None without masking
     masking: SecureSession | None = None
+    device: torch.device = torch.device("cpu")  # where this rank computes (--device)
 
     @classmethod
     def create(cls, config: TrainConfig, comm: Communicator, graph: ClientGraph,
-               num_classes: int) -> "RankSetup":
+               num_classes: int, device: torch.device | str = "cpu") -> "RankSetup":
         """One sum over ranks gives the global group counts (for the sampler) and split sizes;
         with --secure the keys are agreed first (collective) and the sum is masked."""
+        device = torch.device(device)
         masking = None
         if config.secure and not comm.is_single_process:
             masking = SecureSession.agree(comm)
@@ -80,18 +102,54 @@ class RankSetup:
         seeds = np.random.SeedSequence([config.seed, comm.rank]).generate_state(2)
         return cls(config, comm, graph, num_classes,
                    torch.float64 if config.dtype == "float64" else torch.float32,
-                   torch.from_numpy(np.asarray(graph.y, dtype=np.int64)), masks, groups,
-                   totals[:num_classes + 1],
+                   torch.from_numpy(np.asarray(graph.y, dtype=np.int64)).to(device), masks,
+                   groups, totals[:num_classes + 1],
                    dict(zip(SPLITS, (int(v) for v in totals[num_classes + 1:]))),
-                   np.random.default_rng(int(seeds[0])), np.random.default_rng(int(seeds[1])),
-                   masking)
+                   np.random.default_rng(int(seeds[0])), dropout_stream(int(seeds[1]), device),
+                   masking, device)
 
     def gnn_and_optimizer(self) -> tuple[GNN, Adam]:
         """The configured GNN (same initial weights on every rank) and its Adam."""
         config = self.config
         model = GNN(config.backbone, self.graph.x.shape[1], config.hidden, self.num_classes,
-                    config.layers, config.dropout, config.weight_seed, self.dtype)
+                    config.layers, config.dropout, config.weight_seed, self.dtype).to(self.device)
         return model, Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+
+    def mask(self, split: str) -> torch.Tensor:
+        """bool [n_i] of ``split`` on this rank's device."""
+        return torch.from_numpy(self.masks[split]).to(self.device)
+
+
+def dropout_stream(seed: int, device: torch.device) -> "np.random.Generator | torch.Generator":
+    """A rank's dropout stream: numpy's PCG64 on the CPU, a torch generator on a GPU."""
+    if device.type == "cpu":
+        return np.random.default_rng(seed)
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def stream_state(stream: "np.random.Generator | torch.Generator") -> dict[str, Any]:
+    if isinstance(stream, torch.Generator):
+        return {"torch_generator": stream.get_state(), "device": str(stream.device)}
+    return stream.bit_generator.state
+
+
+def restore_stream(stream: "np.random.Generator | torch.Generator", state: dict[str, Any],
+                   fresh_seed: int) -> None:
+    """Continue a dropout stream from a checkpoint's state; a checkpoint written on another
+    kind of device (numpy's stream against a GPU generator) cannot be continued: the stream
+    starts afresh from ``fresh_seed`` (weights, optimizer and sampling still continue exactly)."""
+    saved_gpu = "torch_generator" in state
+    if isinstance(stream, torch.Generator) and saved_gpu:
+        stream.set_state(state["torch_generator"].cpu())
+    elif not isinstance(stream, torch.Generator) and not saved_gpu:
+        stream.bit_generator.state = state
+    else:
+        log.warning("the checkpoint's dropout stream was drawn on another kind of device: "
+                    "dropout draws start afresh (weights, optimizer and sampling continue)")
+        if isinstance(stream, torch.Generator):
+            stream.manual_seed(fresh_seed)
+        else:
+            stream.bit_generator.state = np.random.default_rng(fresh_seed).bit_generator.state
 
 
 class TrainingMethod(Protocol):
@@ -162,7 +220,7 @@ class Trainer:
         """Micro-F1 per split (= accuracy for single-label classes) of the method's logits,
         counted at the server. Returns the scores on the server, None elsewhere."""
         logits = self.method.full_logits()
-        correct = (logits.argmax(dim=1) == self.setup.y).numpy()
+        correct = (logits.argmax(dim=1) == self.setup.y).cpu().numpy()
         counts = np.asarray([correct[self.setup.masks[s]].sum() for s in SPLITS],
                             dtype=np.float64)
         totals = self.comm.sum_to_server(torch.from_numpy(counts))
@@ -186,7 +244,8 @@ class Trainer:
             epoch_seconds = time.perf_counter() - start
             stats = np.asarray([epoch_seconds, train_seconds - train_comm, train_comm,
                                 self.comm.bytes_sent, self.comm.bytes_received, peak_rss_mb(),
-                                self.comm.exchange_bytes_sent, self.comm.exchange_bytes_received])
+                                self.comm.exchange_bytes_sent, self.comm.exchange_bytes_received,
+                                peak_gpu_mb(self.setup.device)])
             counters = self.comm.extra_counters()
             table = self.comm.gather_rows(torch.from_numpy(stats))
             self.state.epoch = epoch
@@ -217,6 +276,8 @@ class Trainer:
                        "exchange_bytes_sent": per_rank["exchange_bytes_sent"],
                        "exchange_bytes_received": per_rank["exchange_bytes_received"],
                        "peak_rss_mb": per_rank["peak_rss_mb"]})
+        if self.setup.device.type == "cuda":  # torch.cuda.max_memory_allocated per rank
+            record["peak_gpu_mb"] = per_rank["peak_gpu_mb"]
         assert self.run_dir is not None
         self.run_dir.append_metrics(record)
         if epoch % self.config.log_every == 0 or epoch == self.config.epochs:
@@ -231,7 +292,7 @@ class Trainer:
         """Final outputs: model.pt, logits.npy (optional), final.json."""
         logits_local = None
         if self.config.save_logits:
-            logits_local = self.method.full_logits()
+            logits_local = self.method.full_logits().cpu()
         parts = self.comm.gatherv_rows(logits_local) if logits_local is not None else None
         ids = (self.comm.gatherv_rows(torch.from_numpy(self.graph.global_id[:, None]
                                                        .astype(np.int64)))
@@ -239,7 +300,7 @@ class Trainer:
         if not self.comm.is_server:
             return None
         assert self.run_dir is not None
-        self.run_dir.save_torch("model.pt", self.model.state_dict())
+        self.run_dir.save_torch("model.pt", on_host(self.model.state_dict()))
         if parts is not None and ids is not None:
             global_ids = np.concatenate([p[:, 0].numpy() for p in ids])
             stacked = np.concatenate([p.numpy() for p in parts])
@@ -256,12 +317,14 @@ class Trainer:
     def _rank_state(self) -> dict[str, Any]:
         """What each rank contributes to a checkpoint: its random streams and the method's."""
         return {"sample": self.setup.sample_rng.bit_generator.state,
-                "dropout": self.setup.dropout_rng.bit_generator.state,
+                "dropout": stream_state(self.setup.dropout_rng),
                 **self.method.rank_state()}
 
     def _restore_rank_state(self, state: dict[str, Any]) -> None:
         self.setup.sample_rng.bit_generator.state = state["sample"]
-        self.setup.dropout_rng.bit_generator.state = state["dropout"]
+        fresh = int(np.random.SeedSequence([self.config.seed, self.comm.rank, self.state.epoch])
+                    .generate_state(1)[0])
+        restore_stream(self.setup.dropout_rng, state["dropout"], fresh)
         self.method.restore_rank_state(state)
 
     def save_checkpoint(self) -> None:
@@ -270,8 +333,8 @@ class Trainer:
             return
         assert self.run_dir is not None
         payload = {"config": self.config.to_dict(), "epoch": self.state.epoch,
-                   "best": vars(self.state.best), "model": self.model.state_dict(),
-                   "optimizer": self.method.optimizer.state_dict(), "rng": states,
+                   "best": vars(self.state.best), "model": on_host(self.model.state_dict()),
+                   "optimizer": on_host(self.method.optimizer.state_dict()), "rng": states,
                    "world_size": self.comm.size}
         self.run_dir.save_torch(CHECKPOINT_NAME, payload)
 

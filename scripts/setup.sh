@@ -7,9 +7,9 @@ PYTHON=${PYTHON:-python3}
 [ -d .venv ] || "$PYTHON" -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
-# torch first, pinned: on these machines 2.13.0 is the CPU build on local disk; anything looser
-# may pull a multi-GB CUDA build.
-python -m pip install -q torch==2.13.0
+# torch first, the CPU build by default (on these machines 2.13.0 is on local disk; a looser spec
+# may pull a multi-GB CUDA build). A torch already in the venv (a user's CUDA build) is kept.
+python -c "import torch" 2>/dev/null || python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
 python -m pip install -q -e '.[mpi-wheel,test]'
 # Open MPI from the wheel refuses root and refuses more ranks than cores unless told; 9 ranks on a
 # laptop or a 2-core VM is the normal case here, so the venv's activate script says so once, with

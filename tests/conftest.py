@@ -2,7 +2,8 @@
 
 Tiers by folder: tests/unit (plain pytest, no subprocess), tests/mpi (real mpirun, marker
 ``mpi``), tests/e2e (programs run end to end, marker ``e2e``), tests/slurm (the job scripts and a
-private SLURM, marker ``slurm``). A test outside those folders that starts a subprocess needs one
+private SLURM, marker ``slurm``), tests/gpu (CUDA, marker ``gpu``; skipped with the reason where
+torch sees no GPU). A test outside those folders that starts a subprocess needs one
 of the markers itself; without it, ``subprocess.Popen`` and ``os.system`` raise.
 """
 from __future__ import annotations
@@ -19,8 +20,9 @@ from tests.helpers import require_shared_data
 from tests.helpers.graphs import Graph, random_graph, random_parts, write_shards
 
 TESTS = Path(__file__).resolve().parent
-SUBPROCESS_MARKERS = ("mpi", "e2e", "slurm")
-MARKER_OF_FOLDER = {TESTS / "mpi": "mpi", TESTS / "e2e": "e2e", TESTS / "slurm": "slurm"}
+SUBPROCESS_MARKERS = ("mpi", "e2e", "slurm", "gpu")
+MARKER_OF_FOLDER = {TESTS / "mpi": "mpi", TESTS / "e2e": "e2e", TESTS / "slurm": "slurm",
+                    TESTS / "gpu": "gpu"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker

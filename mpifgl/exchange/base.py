@@ -6,6 +6,10 @@ Scatterv of each owner's sums.
 A mode is one subclass: how it agrees on the chunks (``route``) and how the server gets the
 chunk's sums (``sum_chunk``); its sum rows are either every row of the owners' segments (dense)
 or only their receive rows (compact, ``owner_rows``).
+
+Devices: a client's terms are computed where its y lives (a GPU or the CPU), copied to host
+memory for MPI through a reused pinned buffer (``HostStaging``), and its sums copied back; the
+server's sums run on the host, where MPI delivers the messages.
 """
 from __future__ import annotations
 
@@ -74,6 +78,28 @@ class Routing:
         return max(int(self.row_bounds[c]), start) - start
 
 
+class HostStaging:
+    """Host copies of device tensors for MPI, in one pinned buffer per dtype that grows as
+    needed (a pinned copy is faster, and no fresh pinned pages per message). A copy is valid
+    until the next one of the same dtype: every collective completes before the next starts."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[torch.dtype, torch.Tensor] = {}
+
+    def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.device.type == "cpu":
+            return tensor
+        count = tensor.numel()
+        buffer = self._buffers.get(tensor.dtype)
+        if buffer is None or buffer.numel() < count:
+            buffer = torch.empty(max(count, 2 * (0 if buffer is None else buffer.numel())),
+                                 dtype=tensor.dtype, pin_memory=True)
+            self._buffers[tensor.dtype] = buffer
+        host = buffer[:count].view(tensor.shape)
+        host.copy_(tensor)
+        return host
+
+
 def chunk_bounds(cost: np.ndarray, budget: int) -> np.ndarray:
     """Cut rows 0..len(cost) into consecutive chunks whose costs add up to at most ``budget``
     (a single row costing more gets a chunk of its own) -> int64 [k+1] bounds, [0] if no rows."""
@@ -100,6 +126,7 @@ class Exchange:
         # rows of the widest exchange that fit the buffer cap
         self.row_budget = max(1, int(buffer_bytes) // (max(1, max_width) * dtype.itemsize))
         self.id_budget = max(1, int(buffer_bytes) // (8 * comm.size))  # ids per rank per round
+        self.staging = HostStaging()
 
     # -- once per plan --------------------------------------------------------------------------
     def prepare(self, plan: CrossExchangePlan) -> None:
@@ -123,7 +150,8 @@ class Exchange:
         routing = plan.routing
         assert routing is not None, "prepare(plan) must run before the plan's first exchange"
         values = y.detach().contiguous()
-        result = torch.zeros(tuple(y.shape), dtype=self.dtype) if total is None else total
+        result = (torch.zeros(tuple(y.shape), dtype=self.dtype, device=y.device) if total is None
+                  else total)
         with self.comm.counting_exchange():
             self.run_chunks(plan, routing, values, result, add=total is not None, slot=slot)
         return result
@@ -141,7 +169,8 @@ class Exchange:
         matrix times y); [0, d] on the server."""
         low, high = int(routing.send_bounds[c]), int(routing.send_bounds[c + 1])
         if plan.send_rows is None or high == low:
-            return torch.zeros((high - low, values.shape[1]), dtype=self.dtype)
+            return torch.zeros((high - low, values.shape[1]), dtype=self.dtype,
+                               device=values.device)
         return plan.send_rows.row_slice(low, high).matmul(values)
 
     def sum_chunk(self, plan: CrossExchangePlan, routing: Routing, c: int,
@@ -162,8 +191,8 @@ class Exchange:
         if mine:
             first = routing.first_owned_row(c, own)
             rows = (slice(first, first + mine) if receive_rows is None
-                    else torch.from_numpy(receive_rows[first:first + mine]))
-            store(result, rows, received.view(mine, width), add)
+                    else torch.from_numpy(receive_rows[first:first + mine]).to(result.device))
+            store(result, rows, received.view(mine, width).to(result.device), add)
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:

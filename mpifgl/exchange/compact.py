@@ -136,7 +136,7 @@ class CompactExchange(Exchange):
 
     def sum_chunk(self, plan, routing, c, values):
         width = values.shape[1]
-        rows = self.send_rows(plan, routing, c, values)
+        rows = self.staging.to_host(self.send_rows(plan, routing, c, values))
         counts = routing.gathered_rows(c) * width if self.comm.is_server else None
         flat = self.comm.gatherv(rows, counts)
         if flat is None:

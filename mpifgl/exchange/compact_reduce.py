@@ -16,14 +16,16 @@ from mpifgl.graph import CrossExchangePlan
 
 def fill_sum_rows(exchange: Exchange, plan: CrossExchangePlan, routing: Routing, c: int,
                   values: torch.Tensor) -> torch.Tensor:
-    """This client's terms of chunk c placed at their sum rows of a zero buffer [rows, d]."""
+    """This client's terms of chunk c placed at their sum rows of a zero buffer [rows, d], in
+    host memory for MPI."""
     low, high = int(routing.row_bounds[c]), int(routing.row_bounds[c + 1])
-    buffer = torch.zeros((high - low, values.shape[1]), dtype=exchange.dtype)
+    buffer = torch.zeros((high - low, values.shape[1]), dtype=exchange.dtype,
+                         device=values.device)
     rows = exchange.send_rows(plan, routing, c, values)
     if rows.shape[0]:
         first, last = routing.send_bounds[c], routing.send_bounds[c + 1]
-        buffer[torch.from_numpy(routing.send_sum_rows[first:last] - low)] = rows
-    return buffer
+        buffer[torch.from_numpy(routing.send_sum_rows[first:last] - low).to(buffer.device)] = rows
+    return exchange.staging.to_host(buffer)
 
 
 class CompactReduceExchange(Exchange):

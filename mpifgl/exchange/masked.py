@@ -54,16 +54,25 @@ class MaskedExchange:
 
     def run(self, plan: CrossExchangePlan, y: torch.Tensor, slot: Slot,
             total: torch.Tensor | None = None) -> torch.Tensor:
+        """As ``Exchange.run``. The masking runs on the host: a GPU's terms are copied there
+        first and the decoded sums back."""
         routing = plan.routing
         assert routing is not None, "prepare(plan) must run before the plan's first exchange"
         values = y.detach().contiguous()
-        result = torch.zeros(tuple(y.shape), dtype=self.dtype) if total is None else total
+        on_host = y.device.type == "cpu"
+        result = total if total is not None and on_host else \
+            torch.zeros(tuple(y.shape), dtype=self.dtype)
         with self.comm.counting_exchange():
-            self._exchange(plan, routing, values, result.numpy(), total is not None, slot)
-        return result
+            self._exchange(plan, routing, values, result.numpy(), on_host and total is not None,
+                           slot)
+        if on_host:
+            return result
+        if total is None:
+            return result.to(y.device)
+        return total.add_(result.to(y.device))
 
     def _send_rows(self, plan, routing, c, values: torch.Tensor) -> np.ndarray:
-        return self.compact.send_rows(plan, routing, c, values).numpy()
+        return self.compact.send_rows(plan, routing, c, values).cpu().numpy()
 
     def _exchange(self, plan: CrossExchangePlan, routing: Routing, values: torch.Tensor,
                   result: np.ndarray, add: bool, slot: Slot) -> None:
@@ -74,8 +83,8 @@ class MaskedExchange:
         if routing.num_chunks == 1 or masks is None:
             needed = largest_exponent(first_rows)
         else:  # a bound rather than every chunk's terms computed twice
-            bound = masks.term_bound * float(torch.max(torch.abs(values)).item()
-                                             if values.numel() else 0.0)
+            bound = masks.term_bound * (float(torch.max(torch.abs(values)))
+                                        if values.numel() else 0.0)
             needed = ceil_exponent(bound * (1 + 2.0 ** -10)) if bound else EMPTY_EXPONENT
         ranges = self.session.ranges
         used = int(ranges.begin(slot, np.asarray([needed]),

@@ -28,8 +28,9 @@ def get_method(name: str) -> Method:
 
 def build_trainer(config: TrainConfig, comm: Communicator, graph: ClientGraph, num_classes: int,
                   run_dir: RunDirectory | None = None,
-                  run_info: dict[str, Any] | None = None) -> Trainer:
-    """This rank's Trainer for ``config.algo`` (collective: every rank builds its own)."""
+                  run_info: dict[str, Any] | None = None, device: Any = "cpu") -> Trainer:
+    """This rank's Trainer for ``config.algo`` on ``device`` (collective: every rank builds its
+    own)."""
     from mpifgl.trainer import RankSetup, Trainer
-    setup = RankSetup.create(config, comm, graph, num_classes)
+    setup = RankSetup.create(config, comm, graph, num_classes, device)
     return Trainer(setup, get_method(config.algo).load()(setup), run_dir, run_info)

@@ -147,11 +147,13 @@ class FedAvgMethod:
         self.model, self.optimizer = setup.gnn_and_optimizer()
         self.collected = np.zeros(0, np.int64)  # client-ordered ids added (FedAvg+nc)
         self.local = (self._collect_neighbours() if collect_neighbours else local_graph(graph))
-        self.local_x = make_features(self.local.x, setup.dtype, config.feature_format)
-        self.local_y = torch.from_numpy(self.local.graph.y)
-        self.local_train = torch.from_numpy(self.local.graph.train_mask)
+        device = setup.device
+        self.local_x = make_features(self.local.x, setup.dtype, config.feature_format,
+                                     device=device)
+        self.local_y = torch.from_numpy(self.local.graph.y).to(device)
+        self.local_train = torch.from_numpy(self.local.graph.train_mask).to(device)
         self.local_operator = build_operator(self.local.graph, config.backbone, None, None,
-                                             setup.dtype, exchanged=False)
+                                             setup.dtype, False, device)
         self.weight = float(graph.train_mask.sum())  # n_i: local training nodes
 
     def _collect_neighbours(self) -> LocalGraph:
@@ -185,8 +187,9 @@ class FedAvgMethod:
             loss = 0.0
         weight = self.weight if self.comm.is_client else 0.0
         parameters = list(self.model.parameters())
-        summed = self.comm.sum_to_all(fedavg_contribution(flatten(parameters), weight, loss))
-        average, mean_loss = fedavg_result(summed)
+        summed = self.comm.sum_to_all(fedavg_contribution(flatten(parameters).cpu(), weight,
+                                                          loss))
+        average, mean_loss = fedavg_result(summed.to(self.setup.device))
         with torch.no_grad():
             for p, value in zip(parameters, unflatten(average, parameters)):
                 p.copy_(value)

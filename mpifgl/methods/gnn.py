@@ -80,8 +80,9 @@ class GNNMethod:
     def __init__(self, setup: RankSetup, sampler: StepSampler | None):
         config, comm, graph = setup.config, setup.comm, setup.graph
         self.setup, self.comm, self.graph, self.sampler = setup, comm, graph, sampler
-        self.dtype = setup.dtype
-        self.x = make_features(graph.x, self.dtype, config.feature_format)
+        self.dtype, self.device = setup.dtype, setup.device
+        self.x = make_features(graph.x, self.dtype, config.feature_format, device=self.device)
+        self.train_mask = setup.mask("train")
         self.model, self.optimizer = setup.gnn_and_optimizer()
         self.exchanged = not comm.is_single_process  # cross-client terms go through the server
         self.cross_sums = None
@@ -97,7 +98,7 @@ class GNNMethod:
             config = config.replace(steps_per_epoch=sampler.steps_per_epoch if sampler else 1)
         self.config = config
         self.full_operator = self.prepared(build_operator(graph, config.backbone, None, None,
-                                                         self.dtype, exchanged=self.exchanged))
+                                                         self.dtype, self.exchanged, self.device))
 
     def prepared(self, operator: LayerOperator) -> LayerOperator:
         """Agree on the operator's exchange chunks with the other ranks (collective: the compact
@@ -151,8 +152,8 @@ class GNNMethod:
         by_rank = [row[2:2 + row[0]] for row in table]
         samples = by_rank if self.comm.is_single_process else by_rank[1:]  # the server's is empty
         operator = self.prepared(build_operator(self.graph, self.config.backbone, samples,
-                                                probability, self.dtype,
-                                                exchanged=self.exchanged))
+                                                probability, self.dtype, self.exchanged,
+                                                self.device))
         return operator, int(table[:, 1].sum())
 
     def loss_and_gradients(self, operator: LayerOperator, global_train_rows: int) -> float:
@@ -168,7 +169,7 @@ class GNNMethod:
         # The full-graph operator's rows are all nodes in order: no copy of the features.
         x = self.x if operator is self.full_operator else select_rows(self.x, operator.rows)
         logits = self.model(x, operator, self.setup.dropout_rng)  # L exchanges forward
-        train = torch.from_numpy(self.setup.masks["train"])[operator.rows]
+        train = self.train_mask[operator.rows]
         loss = F.cross_entropy(logits[train], self.setup.y[operator.rows][train],
                                reduction="sum")
         loss = loss / max(1, global_train_rows)
@@ -178,9 +179,9 @@ class GNNMethod:
     def _sum_gradients_and_loss(self, grads: list[torch.Tensor], loss: float) -> float:
         """Phase 'gradient sum': one message of all gradients + the loss, summed over ranks; the
         sums go into every parameter's .grad and the summed loss is returned."""
-        vector = flatten(grads + [torch.tensor([loss], dtype=self.dtype)])
+        vector = flatten(grads + [torch.tensor([loss], dtype=self.dtype, device=self.device)])
         segments = [p.numel() for p in self.model.parameters()] + [1]
-        summed = self.comm.sum_to_all(vector, segments)
+        summed = self.comm.sum_to_all(vector.cpu(), segments).to(self.device)
         parameters = list(self.model.parameters())
         for p, grad in zip(parameters, unflatten(summed[:-1], parameters)):
             p.grad = grad
@@ -193,7 +194,7 @@ class GNNMethod:
         self.start_pass("eval")
         if not self.comm.is_client:
             self.cross_sums.server_pass(self.full_operator.exchange, backward=False)
-            return torch.zeros((0, self.setup.num_classes), dtype=self.dtype)
+            return torch.zeros((0, self.setup.num_classes), dtype=self.dtype, device=self.device)
         self.model.eval()
         return self.model(self.x, self.full_operator)
 

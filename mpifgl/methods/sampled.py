@@ -295,13 +295,17 @@ class CentralizedPyGMethod:
                  full_adjacency: torch.Tensor):
         config, graph = setup.config, setup.graph
         self.setup = setup
+        self.device = setup.device
         self.config = config if config.steps_per_epoch else config.replace(steps_per_epoch=1)
-        self.features = make_features(graph.x, setup.dtype, config.feature_format)
+        self.features = make_features(graph.x, setup.dtype, config.feature_format,
+                                      device=self.device)
         widths = [graph.x.shape[1]] + [config.hidden] * (config.layers - 1) + [setup.num_classes]
-        self.model = PyGStack(make_conv, widths, config.dropout, config.weight_seed, setup.dtype)
+        self.model = PyGStack(make_conv, widths, config.dropout, config.weight_seed,
+                              setup.dtype).to(self.device)
         self.optimizer = Adam(self.model.parameters(), lr=config.lr,
                               weight_decay=config.weight_decay)
-        self.full_adjacency = full_adjacency
+        self.full_adjacency = full_adjacency.to(self.device)
+        self.train_mask = setup.mask("train")
 
     def step(self, nodes: np.ndarray, adjacency: torch.Tensor | list[torch.Tensor],
              out_rows: int, loss_weight: torch.Tensor | None) -> float:
@@ -309,13 +313,15 @@ class CentralizedPyGMethod:
         (GraphSAGE's seeds) or over its training nodes weighted by ``loss_weight``."""
         self.model.train()
         self.optimizer.zero_grad()
-        logits = self.model(select_rows(self.features, torch.from_numpy(nodes)), adjacency,
-                            self.setup.dropout_rng)
-        labels = self.setup.y[torch.from_numpy(nodes)]
+        index = torch.from_numpy(nodes).to(self.device)
+        adjacency = ([a.to(self.device) for a in adjacency] if isinstance(adjacency, list)
+                     else adjacency.to(self.device))
+        logits = self.model(select_rows(self.features, index), adjacency, self.setup.dropout_rng)
+        labels = self.setup.y[index]
         if loss_weight is None:
             loss = F.cross_entropy(logits[:out_rows], labels[:out_rows])
         else:
-            train = torch.from_numpy(self.setup.graph.train_mask[nodes])
+            train = self.train_mask[index]
             losses = F.cross_entropy(logits[train], labels[train], reduction="none")
             loss = (losses * loss_weight[train]).sum()
         loss.backward()
@@ -386,7 +392,7 @@ class GraphSAINTMethod(CentralizedPyGMethod):
                                               setup.sample_rng)
         loss_weight, edge_norm, mean_size = saint_normalisation(self.walk_sampler,
                                                                 graph.train_mask)
-        self.loss_weight = torch.from_numpy(loss_weight).to(self.dtype)
+        self.loss_weight = torch.from_numpy(loss_weight).to(self.dtype).to(setup.device)
         self.edge_norm = edge_norm
         self.subgraphs_per_pass = max(1, round(graph.num_nodes / mean_size))
         self.layer_type = layer_type(config.backbone)
@@ -418,5 +424,5 @@ class GraphSAINTMethod(CentralizedPyGMethod):
             nodes, edge_index, edge_ids = self.walk_sampler.sample()
             weight = self.base_weight[edge_ids] * self.edge_norm[edge_ids]
             losses.append(self.step(nodes, self.weighted_adjacency(nodes, edge_index, weight), 0,
-                                    self.loss_weight[torch.from_numpy(nodes)]))
+                                    self.loss_weight[torch.from_numpy(nodes).to(self.device)]))
         return float(np.mean(losses))

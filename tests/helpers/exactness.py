@@ -56,7 +56,7 @@ def gather_in_global_order(comm, logits: np.ndarray, global_id: np.ndarray):
 
 def flat_grads(model) -> np.ndarray:
     """Every parameter's gradient end to end (zeros where none)."""
-    return flatten(gradients(model)).numpy()
+    return flatten(gradients(model)).cpu().numpy()
 
 
 def operator_logits(comm, gnn, operator, num_classes: int) -> np.ndarray:
@@ -69,7 +69,7 @@ def operator_logits(comm, gnn, operator, num_classes: int) -> np.ndarray:
     gnn.model.eval()
     with torch.no_grad():
         return gnn.model(select_rows(gnn.x, operator.rows),
-                         operator).detach().numpy().astype(np.float64)
+                         operator).detach().cpu().numpy().astype(np.float64)
 
 
 def centralized_reference(shard_dir, backbone: str, dtype: str, layers: int, sampled=False):

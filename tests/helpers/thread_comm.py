@@ -163,6 +163,9 @@ class ThreadComm(TrafficCounters):
         return [(rank, rank - 1, message) for rank, message in enumerate(self._share(error))
                 if message]
 
+    def node_allgather(self, value: Any) -> list[Any]:
+        return self._share(value)  # the threads are one node
+
     def wait_for_server(self, poll_seconds: float = 0.05) -> None:
         self._share(None)
 

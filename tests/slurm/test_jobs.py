@@ -99,7 +99,7 @@ def test_train_dry_run_mpirun_with_prepare(tmp_path):
         f"--data-root {tmp_path} --out {shards}",
         *MPIRUN_EXPORTS,
         f"+ {VENV}/bin/mpirun -n 3 {PY} -m mpifgl.train --shards {shards} --out {tmp_path}/run "
-        "--algo ours --seed 7 --epochs 5 --lr 0.01 --hidden 64",
+        "--algo ours --seed 7 --device auto --threads auto --epochs 5 --lr 0.01 --hidden 64",
     ]
 
 
@@ -110,7 +110,7 @@ def test_train_dry_run_centralized_runs_one_plain_process(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert commands(proc.stdout)[-1] == (
         f"+ {PY} -m mpifgl.train --shards {tmp_path} --out {tmp_path}/run --algo centralized "
-        "--seed 0")
+        "--seed 0 --device auto --threads auto")
 
 
 def test_train_dry_run_srun_reads_clients_from_manifest(tmp_path):
@@ -125,7 +125,7 @@ def test_train_dry_run_srun_reads_clients_from_manifest(tmp_path):
     assert commands(proc.stdout) == [
         *PREAMBLE,
         f"+ srun --mpi=pmix --kill-on-bad-exit=1 -n 5 {PY} -m mpifgl.train --shards {shards} "
-        f"--out {REPO}/runs/shards-ours-s0 --algo ours --seed 0",
+        f"--out {REPO}/runs/shards-ours-s0 --algo ours --seed 0 --device auto --threads auto",
     ]
 
 
@@ -137,6 +137,18 @@ def test_train_dry_run_auto_outside_slurm_uses_mpirun(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "MPI_LAUNCHER=auto chose mpirun" in proc.stderr
     assert commands(proc.stdout)[-1].startswith(f"+ {VENV}/bin/mpirun -n 3 {PY} -m mpifgl.train")
+
+
+def test_train_dry_run_passes_device_and_threads_and_refuses_bad_ones(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"num_clients": 2}))
+    proc = dry_run("train.sbatch", SHARD_DIR=str(tmp_path), RUN_DIR=str(tmp_path / "run"),
+                   MPI_LAUNCHER="mpirun", DEVICE="cuda:1", THREADS="4", SLURM_CPUS_PER_TASK="4")
+    assert proc.returncode == 0, proc.stderr
+    assert "+ export OMP_NUM_THREADS=4" in commands(proc.stdout)
+    assert commands(proc.stdout)[-1].endswith("--device cuda:1 --threads 4")
+    for name, value in (("DEVICE", "gpu"), ("THREADS", "0")):
+        bad = dry_run("train.sbatch", SHARD_DIR=str(tmp_path), **{name: value})
+        assert bad.returncode == 2 and f"{name}='{value}'" in bad.stderr
 
 
 def test_study_dry_run(tmp_path):
@@ -168,10 +180,11 @@ def test_study_array_dry_run_shows_every_task(tmp_path):
     launches = [c for c in commands(proc.stdout) if " -m mpifgl.train " in c]
     assert launches == [
         f"+ {VENV}/bin/mpirun -n 3 {PY} -m mpifgl.train --shards {tmp_path}/s/cora-random-m2-s0 "
-        f"--out {tmp_path}/r/cora-random-m2-ours-s0 --algo ours --seed 0 --epochs 2 --lr 0.01",
+        f"--out {tmp_path}/r/cora-random-m2-ours-s0 --algo ours --seed 0 --device auto "
+        "--threads auto --epochs 2 --lr 0.01",
         f"+ {PY} -m mpifgl.train --shards {tmp_path}/s/citeseer-metis-m4-s0 "
         f"--out {tmp_path}/r/citeseer-metis-m4-centralized-s1 --algo centralized --seed 1 "
-        "--epochs 2",
+        "--device auto --threads auto --epochs 2",
     ]
     assert "sbatch --array=0-1" in proc.stderr
     one = dry_run("study_array.sbatch", CONFIGS=str(configs), TASK_ID="1", DATA_ROOT=str(tmp_path))

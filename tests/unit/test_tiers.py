@@ -11,7 +11,7 @@ from tests.conftest import UnmarkedSubprocess
 
 
 def test_an_unmarked_test_cannot_start_a_subprocess():
-    with pytest.raises(UnmarkedSubprocess, match="has none of the markers mpi, e2e, slurm"):
+    with pytest.raises(UnmarkedSubprocess, match="has none of the markers mpi, e2e, slurm, gpu"):
         subprocess.run([sys.executable, "--version"], capture_output=True)
     with pytest.raises(UnmarkedSubprocess):
         subprocess.Popen(["true"])
