@@ -3,8 +3,11 @@
 Threads, ``auto``: the cores this process may run on (its CPU affinity, capped by
 ``SLURM_CPUS_PER_TASK``) divided among the ranks of its node that may run on the same cores, at
 least one. So auto never oversubscribes what the ranks share: 9 ranks on 2 cores get 1 thread
-each, one process on 2 cores 2, and 4 ranks pinned to 4 cores each (``srun -c 4``) 4 each.
-A number N is taken as given. The threads go to torch (dense products, elementwise work) and to
+each, one process on 2 cores 2, and 4 ranks pinned to 4 cores each (``srun -c 4``) 4 each. A
+client that computes on a GPU needs one core (its host work is the sampled operators and the
+copies), so where the clients are on GPUs they take one thread each and the server, which sums
+every client's messages on the host, the rest: 9 ranks on 16 cores and one GPU give the server
+8 threads. A number N is taken as given. The threads go to torch (dense products, elementwise work) and to
 the CPU sparse kernel (``mpifgl.operators.set_cpu_threads``).
 
 Device, ``auto``: CUDA when torch sees a GPU, else the CPU. ``cuda``: the node's GPUs shared out
@@ -48,12 +51,18 @@ def usable_cores() -> set[int]:
         return set(range(os.cpu_count() or 1))
 
 
-def auto_threads(mine: set[int], node_cores: list[set[int]]) -> int:
+def auto_threads(mine: set[int], node_cores: list[set[int]], light: list[bool] | None = None,
+                 i_am_light: bool = False) -> int:
     """``mine`` divided among the ranks of the node (``node_cores``: every local rank's cores,
-    mine included) that may run on any of the same cores; at least one, at most
-    SLURM_CPUS_PER_TASK."""
-    sharers = max(1, sum(1 for cores in node_cores if cores & mine))
-    threads = max(1, len(mine) // sharers)
+    mine included) that may run on any of the same cores; ``light`` ranks (GPU clients) take
+    one core each and the others share the rest. At least one, at most SLURM_CPUS_PER_TASK."""
+    light = light or [False] * len(node_cores)
+    sharing = [is_light for cores, is_light in zip(node_cores, light) if cores & mine]
+    if i_am_light:
+        threads = 1
+    else:
+        heavy = max(1, sum(1 for is_light in sharing if not is_light))
+        threads = max(1, (len(mine) - sum(sharing)) // heavy)
     per_task = os.environ.get("SLURM_CPUS_PER_TASK", "")
     if per_task.isdigit() and int(per_task) >= 1:
         threads = min(threads, int(per_task))
@@ -86,11 +95,15 @@ def place(device: str, threads: str, comm: Communicator) -> Placement:
     """This rank's placement (collective on the node: every local rank's cores and role are
     shared, so that the threads and the GPUs are divided among them)."""
     mine = usable_cores()
-    peers = comm.node_allgather((comm.rank, comm.is_client, sorted(mine)))
+    # a client of an MPI world (not the one process of a centralized run) on a GPU
+    light = (comm.is_client and not comm.is_server and device != "cpu"
+             and torch.cuda.is_available())
+    peers = comm.node_allgather((comm.rank, comm.is_client, light, sorted(mine)))
     requested = parse_threads(threads)
-    count = requested or auto_threads(mine, [set(cores) for _, _, cores in peers])
+    count = requested or auto_threads(mine, [set(cores) for *_, cores in peers],
+                                      [is_light for _, _, is_light, _ in peers], light)
     # clients spread over the node's GPUs in rank order; the server shares the first one
-    clients = sorted(rank for rank, is_client, _ in peers if is_client)
+    clients = sorted(rank for rank, is_client, _, _ in peers if is_client)
     slot = clients.index(comm.rank) if comm.rank in clients else 0
     chosen = resolve_device(device, slot)
     name = torch.cuda.get_device_name(chosen) if chosen.type == "cuda" else ""

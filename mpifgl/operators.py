@@ -54,6 +54,9 @@ def _parallel_loop():
     one thread never import numba)."""
     if not hasattr(_parallel_loop, "compiled"):
         import numba
+        # numba's own thread pool: an OpenMP one would spin against torch's between the two
+        # libraries' calls (7x slower epochs, docs/hardware.md)
+        numba.config.THREADING_LAYER = "workqueue"
 
         @numba.njit(parallel=True, nogil=True, cache=True)
         def csr_matmul(indptr, indices, data, dense, out):  # pragma: no cover - compiled

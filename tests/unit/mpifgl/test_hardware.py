@@ -24,6 +24,14 @@ def test_auto_threads_share_the_cores_without_oversubscribing(mine, node, expect
     assert expected * sum(1 for cores in node if cores & mine) <= max(len(mine), len(node))
 
 
+def test_gpu_clients_take_one_core_and_the_server_the_rest(monkeypatch):
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    cores, node, light = set(range(16)), [set(range(16))] * 9, [False] + [True] * 8
+    assert hardware.auto_threads(cores, node, light, i_am_light=False) == 8  # the server
+    assert hardware.auto_threads(cores, node, light, i_am_light=True) == 1  # a GPU client
+    assert hardware.auto_threads({0, 1}, [{0, 1}] * 9, light, i_am_light=False) == 1
+
+
 def test_slurm_cpus_per_task_caps_auto(monkeypatch):
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "2")
     assert hardware.auto_threads(set(range(16)), [set(range(16))]) == 2
