@@ -66,7 +66,7 @@ PY
   mpirun -n 3 $PY -m mpifgl.train --shards $WORK/tiny --out $WORK/tiny-run --force \
     --epochs 2 --device cuda --verbose 2>&1 | grep -v ' config: '
 "
-stage gpu-tier 200 "$PY" -m pytest -q -p no:cacheprovider -rs --maxfail=5 tests/gpu
+stage gpu-tier 300 "$PY" -m pytest -q -p no:cacheprovider -rs --maxfail=5 tests/gpu
 stage bench-products 420 "$PY" benchmarks/bench_devices.py --work "$WORK/products" \
   --scale "$SCALE" --clients 8 --epochs "$EPOCHS" \
   --cases ours-cuda,ours-cpu-auto,centralized-cuda,ours-paper-cuda

@@ -157,9 +157,9 @@ def check_against_references(graph: Graph, shard_dir, layers: int, probe_file):
 
 
 def run_probe(shard_dir, out, ranks: int, layers: int, mode: str = "compact",
-              buffer_mb: float = 256.0):
-    done = run_mpi(ranks, [PROBE, str(shard_dir), str(out), str(layers), mode, str(buffer_mb)],
-                   timeout=240)
+              buffer_mb: float = 256.0, device: str = "cpu", secure: bool = False):
+    done = run_mpi(ranks, [PROBE, str(shard_dir), str(out), str(layers), mode, str(buffer_mb),
+                           device, "1" if secure else "0"], timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     return np.load(out)
 

@@ -3,10 +3,10 @@ fixed sample (no dropout); the server writes logits (global order), loss and sum
 to NPZ (sampled keys prefixed ``sampled_``, with the sampled rows' global ids).
 
     mpirun -n M+1 python tests/helpers/mpi_scripts/probe_exactness.py SHARD_DIR OUT.npz LAYERS \
-        [EXCHANGE [BUFFER_MB]]
+        [EXCHANGE [BUFFER_MB [DEVICE [SECURE]]]]
 
 EXCHANGE: one of mpifgl.registry.EXCHANGES (default compact); BUFFER_MB: --exchange-buffer-mb (tiny
-values force one-row chunks). The sample: ``tests.helpers.exactness.fixed_sample``, the same on every rank.
+values force one-row chunks); DEVICE: --device (default cpu); SECURE: 1 for --secure. The sample: ``tests.helpers.exactness.fixed_sample``, the same on every rank.
 """
 import sys
 
@@ -16,12 +16,14 @@ from mpifgl.comm import world
 from mpifgl.config import TrainConfig
 from mpifgl.graph import ClientGraph
 from fgl_common.shard_format import read_manifest
+from mpifgl.hardware import resolve_device
 from mpifgl.methods import build_trainer
 from tests.helpers.exactness import (fixed_sample, flat_grads, gather_in_global_order,
                                      operator_logits)
 
 
-def main(shard_dir: str, out: str, layers: int, exchange: str, buffer_mb: float) -> None:
+def main(shard_dir: str, out: str, layers: int, exchange: str, buffer_mb: float, device: str,
+         secure: bool) -> None:
     comm = world()
     manifest = read_manifest(shard_dir)
     graph = ClientGraph.for_rank(shard_dir, manifest, comm.client_id)
@@ -31,13 +33,15 @@ def main(shard_dir: str, out: str, layers: int, exchange: str, buffer_mb: float)
         for dtype in ("float64", "float32"):
             config = TrainConfig(shards=shard_dir, backbone=backbone, dtype=dtype, dropout=0.0,
                                  sampling="none", layers=layers, hidden=16, seed=3,
-                                 exchange=exchange, exchange_buffer_mb=buffer_mb)
-            gnn = build_trainer(config, comm, graph, manifest.num_classes).method
+                                 exchange=exchange, exchange_buffer_mb=buffer_mb, secure=secure)
+            gnn = build_trainer(config, comm, graph, manifest.num_classes,
+                                device=resolve_device(device, max(0, comm.client_id))).method
             key = f"{backbone}_{dtype}"
             loss = gnn.loss_and_gradients(gnn.full_operator,
                                           gnn.setup.global_split_counts["train"])
             grads = flat_grads(gnn.model)
-            logits, _ = gather_in_global_order(comm, gnn.full_logits().numpy(), graph.global_id)
+            logits, _ = gather_in_global_order(comm, gnn.full_logits().cpu().numpy(),
+                                               graph.global_id)
             if comm.is_server:
                 results[f"{key}_loss"], results[f"{key}_grads"] = np.asarray(loss), grads
                 results[f"{key}_logits"] = logits
@@ -48,7 +52,7 @@ def main(shard_dir: str, out: str, layers: int, exchange: str, buffer_mb: float)
             grads = flat_grads(gnn.model)
             logits, ids = gather_in_global_order(
                 comm, operator_logits(comm, gnn, operator, manifest.num_classes),
-                graph.global_id[operator.rows.numpy()])
+                graph.global_id[operator.rows.cpu().numpy()])
             if comm.is_server:
                 results[f"sampled_{key}_loss"], results[f"sampled_{key}_grads"] = \
                     np.asarray(loss), grads
@@ -60,4 +64,6 @@ def main(shard_dir: str, out: str, layers: int, exchange: str, buffer_mb: float)
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], int(sys.argv[3]),
          sys.argv[4] if len(sys.argv) > 4 else "compact",
-         float(sys.argv[5]) if len(sys.argv) > 5 else 256.0)
+         float(sys.argv[5]) if len(sys.argv) > 5 else 256.0,
+         sys.argv[6] if len(sys.argv) > 6 else "cpu",
+         len(sys.argv) > 7 and sys.argv[7] == "1")
