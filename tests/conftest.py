@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from tests.helpers import require_shared_data
 from tests.helpers.graphs import Graph, random_graph, random_parts, write_shards
@@ -108,3 +109,13 @@ def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     cache = tmp_path / "cache"
     monkeypatch.setenv("MPIFGL_CACHE", str(cache))
     return cache
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Ranks that are threads (tests/helpers/thread_comm.py): one intra-op thread each, as
+    under an oversubscribed mpirun."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

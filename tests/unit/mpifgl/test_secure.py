@@ -39,13 +39,7 @@ from mpifgl.communicator import Communicator
 from mpifgl.methods import build_trainer
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Ranks are threads: one intra-op thread each, as under an oversubscribed mpirun."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # ranks are threads
 
 
 def shards_for(toy_graph, tmp_path: Path, num_clients: int, seed: int = 5) -> Path:

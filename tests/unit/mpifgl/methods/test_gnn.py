@@ -21,13 +21,7 @@ from tests.helpers.graphs import random_parts, write_shards
 from tests.helpers.thread_comm import ThreadWorld
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Ranks are threads: one intra-op thread each, as under an oversubscribed mpirun."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # ranks are threads
 
 
 def config_for(shard_dir, **flags) -> TrainConfig:
