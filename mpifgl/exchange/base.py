@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fgl_common.arrays import offsets
 from mpifgl.communicator import Communicator
 from mpifgl.graph import CrossExchangePlan
 
@@ -103,7 +104,7 @@ class HostStaging:
 def chunk_bounds(cost: np.ndarray, budget: int) -> np.ndarray:
     """Cut rows 0..len(cost) into consecutive chunks whose costs add up to at most ``budget``
     (a single row costing more gets a chunk of its own) -> int64 [k+1] bounds, [0] if no rows."""
-    cumulative = np.concatenate([[0], np.cumsum(cost, dtype=np.int64)])
+    cumulative = offsets(cost)
     bounds = [0]
     while bounds[-1] < cost.shape[0]:
         start = bounds[-1]

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fgl_common.arrays import offsets
 from mpifgl.model import dropout, layer_type, linear, make_features, select_rows
 from mpifgl.operators import SparseFeatures, torch_csr
 from mpifgl.optim import Adam
@@ -55,7 +56,7 @@ def sample_neighbours(indptr: np.ndarray, indices: np.ndarray, nodes: np.ndarray
     if total == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     owner = np.repeat(np.arange(nodes.shape[0]), degrees)
-    first = np.concatenate([[0], np.cumsum(degrees)[:-1]])
+    first = offsets(degrees)[:-1]
     positions = np.arange(total) - first[owner] + starts[owner]
     # A random key per edge; within each node keep the `fanout` smallest = a uniform subset.
     order = np.lexsort((rng.random(total), owner))

@@ -9,6 +9,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from fgl_common.arrays import offsets as fgl_offsets
 from fgl_common.shard_format import load_client_shard, read_manifest, shard_filename
 from mpifgl.communicator import LocalComm
 from mpifgl.config import TrainConfig
@@ -88,7 +89,7 @@ def centralized_reference(shard_dir, backbone: str, dtype: str, layers: int, sam
         logits[graph.global_id] = gnn.full_logits().numpy()
         return loss, flat_grads(gnn.model), logits, gnn.model.state_dict()
     samples = fixed_sample(manifest.client_sizes())
-    offsets = np.concatenate([[0], np.cumsum(manifest.client_sizes())])
+    offsets = fgl_offsets(manifest.client_sizes())
     merged = NodeSample(np.concatenate([offsets[j] + s.index for j, s in enumerate(samples)]),
                         np.concatenate([s.probability for s in samples]))
     operator, train_rows = gnn.operator_for_sample(merged)
