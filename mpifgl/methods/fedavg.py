@@ -207,6 +207,8 @@ class FedAvgMethod:
             loss = float(np.mean([self.local_step() for _ in range(self.config.local_epochs)]))
             params = flat_parameters(self.model)
         weight = self.weight if self.comm.is_client else 0.0
+        # mpifgl.finite: this rank's own loss and parameters, checked before the sum mixes them
+        self.setup.finite.before_sum(loss, params, self.model, "parameter after local training")
         summed = self.comm.sum_to_all(fedavg_contribution(params, weight, loss))
         average, mean_loss = fedavg_result(summed)
         set_flat_parameters(self.model, average)

@@ -179,6 +179,8 @@ class GNNMethod:
         """Phase 'gradient sum': one message of all gradients + the loss, summed over ranks; the
         sums go into every parameter's .grad and the summed loss is returned."""
         vector = np.append(grads, np.asarray(loss, dtype=grads.dtype))
+        # mpifgl.finite: this rank's own loss and gradients, checked before the sum mixes them
+        self.setup.finite.before_sum(loss, grads, self.model, "local gradient")
         if self.setup.secure is not None:  # zero-sum masks: the server learns only the totals
             segments = [p.numel() for p in self.model.parameters()] + [1]
             summed = self.setup.secure.sum_to_all(self.comm, vector, segments)
