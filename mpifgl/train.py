@@ -4,9 +4,11 @@ It only sequences the run: parse and validate the config, resolve the shards (pr
 default dataset's if none are given), check every input on every rank before the first training
 collective, take the run directory, build the rank's graph, train, write outputs.
 
-Failures (mpifgl.failures, docs/reliability.md): set-up findings are agreed on by every rank and
-reported once by rank 0; any other exception on any rank, from MPI start to the last write, is
-printed by that rank as one line (``--verbose``: with the traceback) and aborts the whole job.
+Failures (mpifgl.failures, docs/reliability.md): set-up findings and non-finite values in
+training (mpifgl.finite) are agreed on by every rank and reported once by rank 0; any other
+exception on any rank, from MPI start to the last write, is printed by that rank as one line
+(``--verbose``: with the traceback) and aborts the whole job. Every report says what is kept and
+how to go on (``--resume``, or the command that starts the run again), shell-quoted.
 """
 from __future__ import annotations
 
