@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option
+from fgl_common.diskspace import DiskFullError, disk_full_error, is_disk_full
 
 from .api import PrepResult, run_prep
 from .config import PartitionConfig, PrepConfig, SyntheticConfig
@@ -126,6 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 130
     except USER_ERRORS as exc:
+        if is_disk_full(exc) and not isinstance(exc, DiskFullError):  # a write we do not wrap
+            exc = disk_full_error(getattr(exc, "filename", None) or "?", exc.errno, None)
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     finally:

@@ -62,6 +62,7 @@ def run_prep(config: PrepConfig) -> PrepResult:
     out = Path(config.out)
     check_output_target(out, config.force)  # before the (possibly long) load
     graph = load_dataset(config)
+    check_finite_features(graph)
     partition = partition_nodes(graph, config.num_clients, config.partition, config.seed,
                                 config.show_progress)
     manifest_extra = {"partition": config.partition.method,
@@ -70,6 +71,18 @@ def run_prep(config: PrepConfig) -> PrepResult:
     manifest = write_shard_directory(graph, partition, out, config.force, manifest_extra,
                                      config.seed, config.show_progress)
     return PrepResult(manifest, out, time.perf_counter() - start, peak_rss_mb())
+
+
+def check_finite_features(graph) -> None:
+    """Refuse NaN or infinite features: training on them yields NaN, never a result."""
+    found = shard_format.non_finite_rows(graph.x)
+    if found is None:
+        return
+    source = graph.source.get("data_root")
+    origin = (f"the raw files of {graph.name} under {source}" if source
+              else f"the generated dataset {graph.name}")
+    raise ValueError(f"{origin}: the node features (dataset x) hold non-finite values: "
+                     f"{shard_format.describe_non_finite(found, 'node')}; no shards written")
 
 
 _SYN_PREFIX = "syn_"

@@ -8,7 +8,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from fgl_common.cli import option
+from fgl_common.cli import check_finite, option
 
 from .catalog import KNOWN_DATASETS, normalise_dataset_name
 
@@ -50,6 +50,7 @@ class SyntheticConfig:
         return int(round(self.nodes * self.avg_degree / 2))
 
     def validate(self) -> None:
+        check_finite(self, "syn-")
         n = self.nodes
         if n < 1:
             raise ValueError(f"--syn-nodes must be >= 1, got {n}")
@@ -99,6 +100,7 @@ class PartitionConfig:
                                       "others (the paper's 'ten times')")
 
     def validate(self, num_clients: int) -> None:
+        check_finite(self)
         if self.method not in PARTITION_METHODS:
             raise ValueError(f"unknown --partition {self.method!r}; choose one of "
                              f"{', '.join(PARTITION_METHODS)}")

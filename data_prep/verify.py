@@ -1,10 +1,11 @@
 """``python -m data_prep verify SHARD_DIR``: check a shard directory and report EVERY problem.
 
-Checks: manifest readable and consistent; no missing or extra shard files; sha256 of every
-shard; every shard readable HDF5 with the documented shapes; counts and dimensions equal to the
-manifest (nodes, features, classes, inner/cross edges, class histogram, split counts); degrees
-equal to row sums; no self loops or duplicate entries; A_ij == A_ji^T for every pair of clients;
-global ids cover 0..n-1 exactly once and are ascending inside each client."""
+Checks: manifest readable and consistent; no missing or extra shard files; sha256 of every shard;
+every shard readable HDF5 with the documented shapes; counts and dimensions equal to the manifest
+(nodes, features, classes, inner/cross edges, class histogram, split counts); every feature finite
+(no NaN or infinity); degrees equal to row sums; no self loops or duplicate entries; A_ij == A_ji^T
+for every pair of clients; global ids cover 0..n-1 exactly once and are ascending inside each
+client."""
 from __future__ import annotations
 
 import json
@@ -82,6 +83,10 @@ def _check_counts(shard: shard_format.ClientShard, entry: dict[str, Any], client
 
 def _check_structure(shard: shard_format.ClientShard, client: int, path: Path,
                      report: VerifyReport) -> None:
+    non_finite = shard_format.non_finite_rows(shard.x)
+    if non_finite is not None:
+        report.add(f"{path}: /nodes/x holds non-finite values: "
+                   f"{shard_format.describe_non_finite(non_finite, 'row', shard.global_id)}")
     if shard.num_nodes > 1 and np.any(np.diff(shard.global_id) <= 0):
         report.add(f"{path}: /nodes/global_id is not strictly ascending")
     row_sums = np.zeros(shard.num_nodes, dtype=np.int64)

@@ -1,11 +1,12 @@
 """Write a partitioned graph as a shard directory, atomically.
 
-Shards and manifest go to a hidden temporary directory next to the target; it is verified and
-only then renamed into place. With ``force`` the old directory is moved aside first and removed
-only after the rename succeeded. Any failure (error, KeyboardInterrupt, full disk) removes the
-temporary directory and leaves an existing target untouched. The temporary directories carry
-their owner (``.<name>.partial-<host>-<pid>-<random>``): those of a killed process (kill -9)
-are removed by the next run writing next to them."""
+Shards and manifest go to a hidden temporary directory next to the target; it is verified and only
+then renamed into place. With ``force`` the old directory is moved aside first and removed only
+after the rename succeeded. Any failure (error, KeyboardInterrupt, full disk) removes the temporary
+directory and leaves an existing target untouched; a full file system is reported for the file of
+the target that did not fit, with the bytes it needed and the bytes free once the partial output is
+gone. The temporary directories carry their owner (``.<name>.partial-<host>-<pid>-<random>``): those
+of a killed process (kill -9) are removed by the next run writing next to them."""
 from __future__ import annotations
 
 import json
@@ -19,6 +20,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from fgl_common import shard_format
+from fgl_common.diskspace import DiskFullError, disk_full_error, write_bytes
 from fgl_common.ownership import owner_tag, remove_dead_owners
 
 from .graph import GraphData
@@ -140,7 +142,7 @@ def write_shards(graph: GraphData, partition: Partition, directory: Path,
         "source": graph.source,
         "clients": clients,
     }
-    (directory / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n")
+    write_bytes(directory / MANIFEST_NAME, (json.dumps(manifest, indent=1) + "\n").encode())
     return manifest
 
 
@@ -161,6 +163,13 @@ def write_shard_directory(graph: GraphData, partition: Partition, target: Path, 
             raise RuntimeError("internal error: the shards just written fail verification:\n  "
                                + "\n  ".join(report.problems))
         _install(scratch, target, force)
+    except DiskFullError as exc:
+        shutil.rmtree(scratch, ignore_errors=True)
+        # named as the file of the target, measured without the partial output
+        error = disk_full_error(target / Path(exc.filename).name, exc.errno, exc.needed)
+        error.strerror += "; partial output removed" + (
+            f", the existing {target} untouched" if target.exists() else "")
+        raise error from None
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise

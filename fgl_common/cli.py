@@ -9,6 +9,9 @@ configuration, and each of its fields is one ``--flag`` (name, type, default, he
     add_dataclass_arguments(parser, Config)
     config = dataclass_from_namespace(Config, parser.parse_args(argv))
 
+A ``float`` field takes a finite number only (``nan`` and ``inf`` are refused by name, here and,
+for configs not read from a command line, by ``check_finite``).
+
 A ``tuple[X, ...]`` field takes one comma-separated value (``--seeds 0,1,2``), each item converted
 with X; with ``nargs="+"`` it takes several arguments instead (``check ours fedavg``). A field
 with ``positional=True`` is a required positional argument named after it (``RUN_DIR``).
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import fields
@@ -64,6 +68,27 @@ def _flag_type(hint: Any) -> Any:
         if len(args) == 1:
             return args[0]
     return hint
+
+
+def finite_float(text: str) -> float:
+    """argparse type of a float flag: every number the program takes must be finite."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number (expected a finite "
+                                         "number, e.g. 0.01)")
+    return value
+
+
+def check_finite(instance: Any, prefix: str = "") -> None:
+    """Raise ValueError naming the first float field of a config dataclass that holds NaN or an
+    infinity (configs built in Python or loaded from JSON skip the flag's type)."""
+    for f in fields(instance):
+        value = getattr(instance, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{_field_flag(f, prefix)} is {value!r}, expected a finite number")
 
 
 def _tuple_item(hint: Any) -> Any | None:
@@ -119,7 +144,8 @@ def add_dataclass_arguments(container: argparse._ActionsContainer, cls: type, pr
             continue
         default = None if f.default is dataclasses.MISSING else f.default
         choices, item = f.metadata.get("choices"), _tuple_item(kind)
-        extra: dict[str, Any] = {"type": kind, "choices": choices}
+        extra: dict[str, Any] = {"type": finite_float if kind is float else kind,
+                                 "choices": choices}
         if f.metadata.get("nargs"):
             if item is None:
                 raise TypeError(f"{cls.__name__}.{f.name}: nargs='+' needs a tuple[X, ...] field")
@@ -168,4 +194,4 @@ def explicit_dests(parser: argparse.ArgumentParser, argv: Sequence[str] | None) 
 
 
 __all__ = ["option", "flag_name", "add_dataclass_arguments", "dataclass_from_namespace",
-           "explicit_dests", "CommaSeparated"]
+           "explicit_dests", "CommaSeparated", "finite_float", "check_finite"]

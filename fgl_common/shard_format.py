@@ -30,6 +30,8 @@ import h5py
 import numpy as np
 import scipy.sparse as sp
 
+from fgl_common.diskspace import write_bytes
+
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 NODE_FIELDS = ("global_id", "x", "y", "train_mask", "val_mask", "test_mask", "degree")
@@ -163,28 +165,73 @@ def read_manifest(shard_dir: str | os.PathLike) -> Manifest:
     return Manifest(raw)
 
 
+NON_FINITE_CHUNK_ROWS = 1 << 16  # rows checked at once: bounded temporary memory
+
+
+def non_finite_rows(x: np.ndarray) -> tuple[int, int, float, int] | None:
+    """(first row, its first column, the value, rows affected) of the NaN or infinite entries
+    of a feature matrix [n, d]; None when every entry is finite."""
+    first, count = None, 0
+    for start in range(0, x.shape[0], NON_FINITE_CHUNK_ROWS):
+        block = np.asarray(x[start:start + NON_FINITE_CHUNK_ROWS])
+        with np.errstate(over="ignore", invalid="ignore"):
+            sums = block.sum(axis=1, dtype=np.float64)  # finite sums: every entry finite
+        suspects = np.flatnonzero(~np.isfinite(sums))
+        if not suspects.size:
+            continue
+        bad_rows = suspects[~np.isfinite(block[suspects]).all(axis=1)]
+        count += bad_rows.size
+        if first is None and bad_rows.size:
+            row = int(bad_rows[0])
+            column = int(np.flatnonzero(~np.isfinite(block[row]))[0])
+            first = (start + row, column, float(block[row, column]))
+    return None if first is None else (*first, count)
+
+
+def describe_non_finite(found: tuple[int, int, float, int], row_name: str = "row",
+                        global_id: np.ndarray | None = None) -> str:
+    """``nan at row 17 (global id 311), column 3; 2 rows affected`` for ``non_finite_rows``'s
+    answer; ``global_id`` names the first row's node in the whole graph."""
+    row, column, value, count = found
+    node = f" (global id {int(global_id[row])})" if global_id is not None else ""
+    return (f"{value} at {row_name} {row}{node}, column {column}; {count} "
+            f"{row_name}{'s' if count != 1 else ''} affected")
+
+
 def write_client_shard(path: str | os.PathLike, shard: ClientShard) -> None:
-    """Write one shard. Callers write into a temporary directory and rename (see data_prep)."""
-    with h5py.File(path, "w") as f:
-        for key, value in shard.attrs.items():
-            f.attrs[key] = value
-        nodes = f.create_group("nodes")
-        nodes.create_dataset("global_id", data=np.asarray(shard.global_id, dtype=np.int64))
-        # Chunked rows so a reader can stream features; no compression: reads stay fast.
-        x = np.asarray(shard.x, dtype=np.float32)
-        chunk_rows = max(1, min(x.shape[0], (1 << 20) // max(1, 4 * x.shape[1])))
-        nodes.create_dataset("x", data=x, chunks=(chunk_rows, x.shape[1]) if x.size else None)
-        nodes.create_dataset("y", data=np.asarray(shard.y, dtype=np.int64))
-        for name in ("train_mask", "val_mask", "test_mask"):
-            nodes.create_dataset(name, data=np.asarray(getattr(shard, name), dtype=bool))
-        nodes.create_dataset("degree", data=np.asarray(shard.degree, dtype=np.int64))
-        adj = f.create_group("adj")
-        for j in sorted(shard.blocks):
-            block = shard.blocks[j].tocsr()
-            group = adj.create_group(str(j))
-            group.attrs["shape"] = np.asarray(block.shape, dtype=np.int64)
-            group.create_dataset("indptr", data=block.indptr.astype(np.int64))
-            group.create_dataset("indices", data=block.indices.astype(np.int64))
+    """Write one shard. Callers write into a temporary directory and rename (see data_prep).
+
+    The HDF5 file is built in memory (HDF5's core driver: the same bytes as a file written in
+    place) and then written in one piece, so a full disk is one OSError naming the file and
+    the bytes needed; HDF5 writing into a full file system fails in its deallocators instead,
+    which can end the process."""
+    with h5py.File(f"{path}.image", "w", driver="core", backing_store=False) as f:
+        _fill_shard(f, shard)
+        f.flush()
+        image = f.id.get_file_image()
+    write_bytes(path, image)
+
+
+def _fill_shard(f: h5py.File, shard: ClientShard) -> None:
+    for key, value in shard.attrs.items():
+        f.attrs[key] = value
+    nodes = f.create_group("nodes")
+    nodes.create_dataset("global_id", data=np.asarray(shard.global_id, dtype=np.int64))
+    # Chunked rows so a reader can stream features; no compression: reads stay fast.
+    x = np.asarray(shard.x, dtype=np.float32)
+    chunk_rows = max(1, min(x.shape[0], (1 << 20) // max(1, 4 * x.shape[1])))
+    nodes.create_dataset("x", data=x, chunks=(chunk_rows, x.shape[1]) if x.size else None)
+    nodes.create_dataset("y", data=np.asarray(shard.y, dtype=np.int64))
+    for name in ("train_mask", "val_mask", "test_mask"):
+        nodes.create_dataset(name, data=np.asarray(getattr(shard, name), dtype=bool))
+    nodes.create_dataset("degree", data=np.asarray(shard.degree, dtype=np.int64))
+    adj = f.create_group("adj")
+    for j in sorted(shard.blocks):
+        block = shard.blocks[j].tocsr()
+        group = adj.create_group(str(j))
+        group.attrs["shape"] = np.asarray(block.shape, dtype=np.int64)
+        group.create_dataset("indptr", data=block.indptr.astype(np.int64))
+        group.create_dataset("indices", data=block.indices.astype(np.int64))
 
 
 def _read_dataset(f: h5py.File, name: str, path: Path) -> np.ndarray:

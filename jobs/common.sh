@@ -158,6 +158,29 @@ data_prep_argv() {
   return 0
 }
 
+# note_existing_shards: say when SHARD_DIR already holds shards, which data_prep refuses to
+# replace without FORCE=1 (a dry run shows it before the job is queued).
+note_existing_shards() {
+  if [ -f "$SHARD_DIR/manifest.json" ] && [ "$FORCE" != 1 ]; then
+    note "SHARD_DIR=$SHARD_DIR already holds shards (manifest.json); data_prep will refuse" \
+         "to replace them: use them as they are, or set FORCE=1"
+  fi
+  return 0
+}
+
+# note_existing_run ARGS...: say when RUN_DIR already holds a run, which mpifgl.train refuses
+# without --force or --resume among ARGS (its run files: mpifgl/runlog.py OUTPUT_NAMES).
+note_existing_run() {
+  local name found=""
+  for name in config.json metrics.jsonl final.json model.pt logits.npy checkpoint.pt; do
+    [ -e "$RUN_DIR/$name" ] && found+="${found:+, }$name"
+  done
+  [ -n "$found" ] || return 0
+  case " $* " in *" --force "*|*" --resume "*) return 0 ;; esac
+  note "RUN_DIR=$RUN_DIR already holds a run ($found); mpifgl.train will refuse it: choose" \
+       "another RUN_DIR, or add --force (overwrite) or --resume RUN_DIR to EXTRA_ARGS"
+}
+
 # manifest_num_clients DIR: print num_clients from DIR/manifest.json.
 manifest_num_clients() {
   "$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["num_clients"])' \

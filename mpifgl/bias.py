@@ -157,13 +157,27 @@ class BiasReport:
         return asdict(self)
 
     def summary(self) -> str:
+        """What the figure is, the figure, and how to judge it: against the seed-noise floor
+        when --noise-reference was given, else how to get that floor."""
         lines = [f"local bias of {self.run} ({self.dataset}, {self.num_nodes} nodes) against "
-                 f"{self.reference}: {self.local_bias:.4f}"]
+                 f"{self.reference}: {self.local_bias:.4f}",
+                 "  = the mean over nodes of the Euclidean distance between this run's output "
+                 "logits and the centralized reference's (0: the same outputs; lower: less "
+                 "local bias)"]
         if self.noise_floor is not None:
             ratio = (self.local_bias / self.noise_floor if self.noise_floor > 0
                      else float("inf"))
-            lines.append(f"noise floor (reference vs --noise-reference, two centralized runs): "
-                         f"{self.noise_floor:.4f}  -> bias / noise = {ratio:.2f}")
+            verdict = ("within the seed noise" if ratio <= 1.0 else
+                       f"{ratio:.2f} times the seed noise")
+            lines.append(f"noise floor: {self.noise_floor:.4f} = the same distance between "
+                         f"{self.reference} and {self.noise_reference} (two centralized runs "
+                         f"that differ in their seed); bias / noise = {ratio:.2f}: the run's "
+                         f"outputs differ from centralized training by {verdict}")
+        else:
+            lines.append("  no noise floor: pass --noise-reference with a second centralized "
+                         "run of another --seed to compare this figure with the seed noise")
+        if self.per_client:
+            lines.append("per client (mean over its nodes):")
         for i, (value, size) in enumerate(zip(self.per_client, self.client_sizes)):
             lines.append(f"  client {i:3d} ({size:6d} nodes): {value:.4f}")
         return "\n".join(lines)

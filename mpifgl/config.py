@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import shlex
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from fgl_common.cli import (CommaSeparated, add_dataclass_arguments,
+from fgl_common.cli import (CommaSeparated, add_dataclass_arguments, check_finite,
                              dataclass_from_namespace, option)
 from mpifgl.registry import BACKBONES, EXCHANGES, METHODS, SAMPLINGS, maskable
 
@@ -26,7 +28,10 @@ class TrainConfig:
     # Data and outputs
     shards: str = option("", "shard directory written by `python -m data_prep`; empty: the default "
                              "dataset's shards under shards/, prepared first if missing")
-    out: str = option("", "run directory to create; empty: runs/<dataset>-<algo>-<time>")
+    out: str = option("", "run directory to create; empty: runs/<dataset>-<algo>-<date>-<time>."
+                          "<microseconds>-<j + SLURM job id, or p + pid> (e.g. runs/cora-ours-"
+                          "20261127-093015.123456-p4242); with --resume: continue into this "
+                          "new directory instead of the resumed one")
     dataset: str = option("cora", "dataset prepared when --shards is empty (default run only)")
     data_root: str = option("", "raw data root for that preparation; empty: data_prep's default "
                                 "(../shared/data beside the checkout, else the download cache)")
@@ -97,7 +102,8 @@ class TrainConfig:
     save_logits: bool = option(False, "write logits.npy [num_nodes, num_classes] in global node "
                                       "order from the final model")
     checkpoint_every: int = option(0, "write an atomic checkpoint every K epochs (0: never)")
-    resume: str = option("", "resume the run in this run directory from its last checkpoint")
+    resume: str = option("", "continue the run in this run directory from its last checkpoint, "
+                             "in the same directory (never a finished run), or into --out")
     log_every: int = option(1, "print one line every this many epochs on rank 0")
     verbose: bool = option(False, "print the Python traceback with an error message (without it: "
                                   "one line naming the rank, the file and the reason)")
@@ -107,6 +113,7 @@ class TrainConfig:
         def need(ok: bool, flag: str, value: Any, expected: str) -> None:
             if not ok:
                 raise ValueError(f"--{flag} is {value!r}, expected {expected}")
+        check_finite(self)  # every float flag is a finite number (NaN fails no range check)
         for name in ("algo", "backbone", "sampling", "exchange", "dtype", "feature_format"):
             choices = _choices(name)
             need(getattr(self, name) in choices, name.replace("_", "-"), getattr(self, name),
@@ -220,8 +227,15 @@ def resolved_path(value: str) -> str:
     return str(Path(value).resolve()) if value else value
 
 
+def resumes_in_place(config: TrainConfig) -> bool:
+    """--resume X continues in X itself (no --out, or --out X), not into a new directory."""
+    return bool(config.resume) and (not config.out or
+                                    os.path.abspath(config.out) == os.path.abspath(config.resume))
+
+
 def resumed_config(saved: dict[str, Any], given: TrainConfig, explicit: set[str]) -> TrainConfig:
-    """The saved config of the run being resumed, with the few flags a resume may change."""
+    """The saved config of the run being resumed, with the few flags a resume may change.
+    ``--out Y`` continues into Y (X is only read); without it the run continues in X."""
     config = TrainConfig.from_dict(saved)
     given = given.replace(**{name: resolved_path(getattr(given, name)) for name in PATH_FLAGS})
     changed = sorted(name for name in explicit - set(RESUME_OVERRIDABLE)
@@ -232,8 +246,36 @@ def resumed_config(saved: dict[str, Any], given: TrainConfig, explicit: set[str]
         raise ValueError(f"--resume continues a run with its own settings; these flags differ: "
                          f"{flags}. Only {', '.join('--' + n.replace('_', '-') for n in RESUME_OVERRIDABLE)} may change")
     overrides = {name: getattr(given, name) for name in explicit & set(RESUME_OVERRIDABLE)}
-    overrides.update(resume=given.resume, out=given.resume, force=False)
+    into = given.out if "out" in explicit and given.out else given.resume
+    overrides.update(resume=given.resume, out=into,
+                     force=given.force and not resumes_in_place(given.replace(out=into)))
     return config.replace(**overrides)
+
+
+# Flags that say where a run writes or how it reports, not what it computes: left out of a
+# command that starts a run again.
+NOT_RESTARTED = ("out", "resume", "force", "verbose", "dataset", "data_root")
+
+
+def restart_command(config: TrainConfig, world_size: int, out: str) -> str:
+    """The shell command that starts ``config``'s run again from nothing into ``out`` (--force:
+    the directory holds the failed attempt), quoted for pasting."""
+    defaults = TrainConfig()
+    words = ["python", "-m", "mpifgl.train"]
+    for f in fields(TrainConfig):
+        value = getattr(config, f.name)
+        if f.name in NOT_RESTARTED or value == getattr(defaults, f.name):
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            words.append(flag)
+        else:
+            words += [flag, ",".join(map(str, value)) if isinstance(value, tuple) else str(value)]
+    if not config.shards:  # the default run: which dataset it prepared
+        words += ["--dataset", config.dataset] + (["--data-root", config.data_root]
+                                                   if config.data_root else [])
+    launch = ["mpirun", "-n", str(world_size)] if world_size > 1 else []
+    return shlex.join(launch + words + ["--out", out, "--force"])
 
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:

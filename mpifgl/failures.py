@@ -2,8 +2,10 @@
 
 Two kinds of failure, one rule each (docs/reliability.md):
 
-* ``SetupError``: found at an agreement point (``agree``), so every rank knows it and stops
-  there together; rank 0 prints it once and every rank exits with status 1.
+* ``AgreedFailure``: every rank learned it at the same point, so every rank stops there
+  together; rank 0 prints it once and every rank exits with status 1. ``SetupError`` (found at
+  an agreement point, ``agree``) and ``mpifgl.finite.NonFiniteError`` (a NaN or an infinity in
+  training) are the two kinds.
 * anything else, on any rank, at any time after MPI starts (OSError, MemoryError, a bug,
   SIGINT/SIGTERM): that rank prints one line (``describe``) and aborts the whole job, so no
   rank is left waiting in a collective.
@@ -18,7 +20,11 @@ from mpifgl.communicator import SERVER_RANK, Communicator
 T = TypeVar("T")
 
 
-class SetupError(Exception):
+class AgreedFailure(Exception):
+    """A failure every rank raises at the same point: rank 0 reports it, no rank aborts."""
+
+
+class SetupError(AgreedFailure):
     """A problem every rank learned at the same agreement point (``agree``)."""
 
 
@@ -54,14 +60,16 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, MemoryError):
         return ("out of memory" + (f" ({exc})" if str(exc) else "") + "; use more nodes, "
                 "fewer ranks per node, or a smaller --hidden / --sample-size")
-    if isinstance(exc, (SetupError, ValueError)) and str(exc):
+    if isinstance(exc, (AgreedFailure, ValueError)) and str(exc):
         return str(exc)
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-def agree(comm: Communicator, work: Callable[[], T]) -> T:
+def agree(comm: Communicator, work: Callable[[], T], server_only: bool = False) -> T:
     """Run ``work`` on every rank, then share every rank's failure (one collective); if any rank
-    failed, every rank raises the same SetupError. ``comm.agree_on_errors`` lists (rank, client id, message)."""
+    failed, every rank raises the same SetupError. ``comm.agree_on_errors`` lists (rank, client
+    id, message). ``server_only``: only the server does real work (the others return at once),
+    so its finding concerns the whole job and is not labelled with its rank."""
     error = None
     result = None
     try:
@@ -71,7 +79,7 @@ def agree(comm: Communicator, work: Callable[[], T]) -> T:
     errors = comm.agree_on_errors(error)
     if errors:
         messages = {message for _, _, message in errors}
-        if len(messages) == 1 and (len(errors) > 1 or comm.size == 1):
+        if len(messages) == 1 and (len(errors) > 1 or comm.size == 1 or server_only):
             raise SetupError(messages.pop())  # the same finding on every rank that failed
         raise SetupError("\n".join(f"{rank_label(rank, client)}: {message}"
                                    for rank, client, message in errors))

@@ -10,12 +10,16 @@
 
 Every file is written to a temporary name in the same directory, flushed to disk, renamed into
 place and the directory flushed too, so a crash or a failed write leaves the previous good
-version. All run files get the same mode (0666 less the umask).
+version; metrics.jsonl is appended to, and a line that does not fit is cut off again. A full
+file system is named with its free bytes and the bytes the write needed
+(``fgl_common.diskspace``). The temporary files of a killed run (``.NAME.*.tmp``) are removed by
+the next run that takes the directory. All run files get the same mode (0666 less the umask).
 """
 from __future__ import annotations
 
 import errno
 import fcntl
+import io
 import json
 import os
 import tempfile
@@ -26,6 +30,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from fgl_common.diskspace import explain_disk_full
 from fgl_common.ownership import owner_is_dead, this_owner
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -60,10 +65,15 @@ def fsync_directory(directory: Path) -> None:
         os.close(handle)
 
 
-def atomic_write(path: Path, write: Callable[[str], None]) -> None:
+def atomic_write(path: Path, write: Callable[[str], None], needed: int | None = None) -> None:
     """Call ``write(tmp_path)``, flush the file to disk, rename it onto ``path`` and flush the
-    directory. On any failure the temp file is removed and ``path`` keeps its old content."""
-    path = Path(path)
+    directory. On any failure the temp file is removed and ``path`` keeps its old content; a full
+    file system is reported for ``path`` with the ``needed`` bytes (``DiskFullError``)."""
+    with explain_disk_full(path, needed):  # outside: free space is measured without the temp
+        _atomic_write(Path(path), write)
+
+
+def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
     handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(handle, file_mode())
@@ -186,18 +196,29 @@ def default_run_dir(dataset: str, algo: str) -> Path:
     return Path("runs") / f"{dataset}-{algo}-{stamp}-{owner}"
 
 
+def remove_leftovers(directory: Path) -> list[str]:
+    """Remove the temporary files of interrupted writes (``.NAME.*.tmp``: ``atomic_write`` and
+    the lock's owner record) from a run directory whose lock this process holds, so no writer
+    of them is alive. Returns the names removed."""
+    removed = []
+    for entry in sorted(Path(directory).iterdir()):
+        if entry.name.startswith(".") and entry.name.endswith(".tmp") and entry.is_file():
+            entry.unlink(missing_ok=True)
+            removed.append(entry.name)
+    return removed
+
+
 def claim_run_dir(run_dir: str | os.PathLike, force: bool, resume: bool,
                   exclusive: bool = False) -> "RunDirectory":
-    """Create (or open) the run directory and take its lock, before anything is written.
+    """Create (or open) the run directory and take its lock, before anything is written; then
+    remove the temporary files a killed run left there.
 
     Raises RunDirError naming the path and the reason: it cannot be created (the OS's reason),
-    another run holds it, or it holds an earlier run and neither --force nor --resume is given.
-    ``exclusive``: the directory must not exist yet (default run directory names)."""
+    another run holds it, or it holds an earlier run and neither --force nor ``resume`` (the
+    run continues in its own directory) is given. ``exclusive``: the directory must not exist
+    yet (default run directory names)."""
     path = Path(os.path.abspath(run_dir))
     flag = "--resume" if resume else "--out"
-    if resume and not (path / CHECKPOINT_NAME).is_file():
-        raise RunDirError(f"--resume {path}: no {CHECKPOINT_NAME} there (run with "
-                          f"--checkpoint-every K to write one)")
     created = False
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -221,46 +242,67 @@ def claim_run_dir(run_dir: str | os.PathLike, force: bool, resume: bool,
         else:
             reason = f"{exc.strerror or exc}: {culprit}"
         raise RunDirError(f"{flag} {path}: cannot create the run directory ({reason})") from None
+    leftovers = remove_leftovers(path)
     existing = [name for name in OUTPUT_NAMES if (path / name).exists()]
     if existing and not (force or resume):
         lock.release()
         raise RunDirError(f"--out {path} already holds a run ({', '.join(existing)}); choose a "
                           f"new directory, pass --force to overwrite, or --resume {path}")
-    return RunDirectory(path, lock, created)
+    return RunDirectory(path, lock, created, leftovers)
 
 
 class RunDirectory:
     """A claimed run directory (``claim_run_dir``); ``release()`` when the run ends."""
 
     def __init__(self, path: str | os.PathLike, lock: RunLock | None = None,
-                 created: bool = False):
+                 created: bool = False, leftovers: list[str] | None = None):
         self.path = Path(path)
         self.lock = lock
         self.created = created  # by this run: removed again by abandon() while still empty
+        self.leftovers = leftovers or []  # temporary files of a killed run, removed at claim
+        self.written: set[str] = set()  # files this run wrote
 
     def release(self) -> None:
         if self.lock is not None:
             self.lock.release()
 
     def abandon(self) -> None:
-        """Release after a set-up error: a directory this run created and left empty goes."""
+        """Release after a run that never started training: a directory this run created goes
+        again, with the files this run wrote into it (config.json), unless something else is
+        there."""
         self.release()
-        if self.created:
-            try:
-                self.path.rmdir()
-            except OSError:
-                pass  # not empty: keep what is there
+        if not self.created:
+            return
+        for name in self.written:
+            (self.path / name).unlink(missing_ok=True)
+        try:
+            self.path.rmdir()
+        except OSError:
+            pass  # not empty: keep what is there
 
     def write_json(self, name: str, payload: dict[str, Any]) -> None:
-        text = json.dumps(payload, indent=2, sort_keys=True) + "\n"
-        atomic_write(self.path / name, lambda tmp: Path(tmp).write_text(text))
+        data = (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode()
+        atomic_write(self.path / name, lambda tmp: Path(tmp).write_bytes(data), len(data))
+        self.written.add(name)
 
     def append_metrics(self, record: dict[str, Any]) -> None:
+        """One line per epoch, appended and flushed to disk; a line that does not fit (full
+        disk) is cut off again, so the file keeps only whole lines."""
         path = self.path / "metrics.jsonl"
-        with open(path, "a") as handle:
-            handle.write(json.dumps(record, sort_keys=True) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        line = (json.dumps(record, sort_keys=True) + "\n").encode()
+        with explain_disk_full(path, len(line)):
+            handle = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            try:
+                start = os.fstat(handle).st_size
+                try:
+                    _write_all(handle, line)
+                    os.fsync(handle)
+                except BaseException:
+                    os.ftruncate(handle, start)
+                    raise
+            finally:
+                os.close(handle)
+        self.written.add("metrics.jsonl")
 
     def start_fresh(self) -> None:
         """A new run in this directory (--force): no line or file of an earlier run may stay
@@ -268,23 +310,55 @@ class RunDirectory:
         for name in OUTPUT_NAMES:
             (self.path / name).unlink(missing_ok=True)
 
-    def reset_metrics(self, keep_through_epoch: int = 0) -> None:
-        """Keep only the lines of epochs <= keep_through_epoch (resume), atomically."""
-        path = self.path / "metrics.jsonl"
+    def reset_metrics(self, keep_through_epoch: int = 0,
+                      source: str | os.PathLike | None = None) -> None:
+        """metrics.jsonl holds only the lines of epochs <= keep_through_epoch (resume), written
+        atomically; ``source``: a run directory to take the lines from (a resume into a new
+        directory), else this one."""
+        path = Path(source or self.path) / "metrics.jsonl"
         lines = path.read_text().splitlines() if path.exists() else []
         kept = [line for line in lines if line.strip()
                 and json.loads(line).get("epoch", 0) <= keep_through_epoch]
-        text = "".join(line + "\n" for line in kept)
-        atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+        data = "".join(line + "\n" for line in kept).encode()
+        atomic_write(self.path / "metrics.jsonl", lambda tmp: Path(tmp).write_bytes(data),
+                     len(data))
+        self.written.add("metrics.jsonl")
 
     def save_torch(self, name: str, payload: Any) -> None:
-        atomic_write(self.path / name, lambda tmp: torch.save(payload, tmp))
+        """torch.save, serialised in memory first: the write then knows its size, and a full
+        disk is an OSError naming the file (torch's own writer reports only a position)."""
+        buffer = io.BytesIO()
+        torch.save(payload, buffer)
+        data = buffer.getbuffer()
+        atomic_write(self.path / name, lambda tmp: Path(tmp).write_bytes(data), data.nbytes)
+        self.written.add(name)
 
     def save_logits(self, logits: np.ndarray) -> None:
+        """``np.save``'s format, written through Python's file object: numpy's own writer
+        reports a full disk without its errno ("N requested and M written")."""
+        logits = np.ascontiguousarray(logits)
+
         def write(tmp: str) -> None:
             with open(tmp, "wb") as handle:
-                np.save(handle, logits)
-        atomic_write(self.path / "logits.npy", write)
+                np.lib.format.write_array_header_1_0(
+                    handle, np.lib.format.header_data_from_array_1_0(logits))
+                if logits.size:  # a view of no bytes cannot be cast
+                    handle.write(memoryview(logits).cast("B"))
+        atomic_write(self.path / "logits.npy", write, npy_bytes(logits))
+        self.written.add("logits.npy")
+
+
+def _write_all(handle: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(handle, view):]
+
+
+def npy_bytes(array: np.ndarray) -> int:
+    """The size of ``np.save(array)``'s file: its header, then the data."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(array))
+    return header.tell() + array.nbytes
 
 
 def load_checkpoint(run_dir: str | os.PathLike) -> dict[str, Any]:

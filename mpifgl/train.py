@@ -4,19 +4,23 @@ It only sequences the run: parse and validate the config, resolve the shards (pr
 default dataset's if none are given), check every input on every rank before the first training
 collective, take the run directory, build the rank's graph, train, write outputs.
 
-Failures (mpifgl.failures, docs/reliability.md): set-up findings are agreed on by every rank and
-reported once by rank 0; any other exception on any rank, from MPI start to the last write, is
-printed by that rank as one line (``--verbose``: with the traceback) and aborts the whole job.
+Failures (mpifgl.failures, docs/reliability.md): set-up findings and non-finite values in
+training (mpifgl.finite) are agreed on by every rank and reported once by rank 0; any other
+exception on any rank, from MPI start to the last write, is printed by that rank as one line
+(``--verbose``: with the traceback) and aborts the whole job. Every report says what is kept and
+how to go on (``--resume``, or the command that starts the run again), shell-quoted.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shlex
 import subprocess
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -24,12 +28,17 @@ import torch
 
 from fgl_common.cli import dataclass_from_namespace, explicit_dests
 from fgl_common.shard_format import (MANIFEST_NAME, ShardError, check_shard_against_manifest,
-                                     default_shard_dir, file_sha256, load_client_shard,
-                                     read_manifest, shard_filename)
+                                     default_shard_dir, describe_non_finite, file_sha256,
+                                     load_client_shard, non_finite_rows, read_manifest,
+                                     shard_filename)
+from fgl_common.shard_identity import describe as describe_shards
+from fgl_common.shard_identity import fingerprint
 from mpifgl.communicator import Communicator, LocalComm
-from mpifgl.config import TrainConfig, build_parser, resolved_path, resumed_config
-from mpifgl.failures import (Interrupted, SetupError, agree, describe, exit_status,
-                             install_signal_handlers, rank_label)
+from mpifgl.config import (TrainConfig, build_parser, resolved_path, restart_command,
+                           resumed_config, resumes_in_place)
+from mpifgl.failures import (AgreedFailure, Interrupted, SetupError, agree, describe,
+                             exit_status, install_signal_handlers, rank_label)
+from mpifgl.finite import NonFiniteError
 from mpifgl.graph import ClientGraph
 from mpifgl import hardware
 from mpifgl.methods import build_trainer, get_method
@@ -40,7 +49,10 @@ from mpifgl.trainer import Trainer
 log = logging.getLogger("mpifgl")
 PROG = "mpifgl.train"
 USAGE_ERROR, INPUT_ERROR = 2, 1
-INTERRUPT_REPORT_STAGGER = 1.0  # seconds per rank before an interrupted rank reports
+# seconds per rank before a rank reports a failure that may have struck every rank alike (a
+# signal, a set-up error of the same input): the lowest such rank reports, its abort ends the rest
+REPORT_STAGGER = 1.0
+MAX_STAGGERED_RANKS = 8  # ranks above wait as long as this one: a report comes within seconds
 
 
 @dataclass
@@ -51,26 +63,40 @@ class RankProgress:
     phase: str = "during set-up"
     trainer: Trainer | None = None
     run_dir: RunDirectory | None = None
+    started: float = field(default_factory=time.perf_counter)  # the run's wall clock
 
     def where(self) -> str:
         if self.trainer is None:
             return self.phase
-        epoch = self.trainer.state.epoch
-        if epoch >= self.trainer.config.epochs:
-            return "while writing the final outputs"
-        return f"in epoch {epoch + 1} of {self.trainer.config.epochs}"
+        return self.trainer.position or "while writing the final outputs"
 
-    def resume_hint(self, size: int) -> str:
-        """What is kept and how to continue, for a run that has started training."""
+    def kept(self, size: int, repeatable: bool = True) -> str:
+        """What a run that started training keeps, and how to go on: ``--resume`` from its
+        last checkpoint, or (none yet) the command that starts it again. ``repeatable``
+        False: running the same steps again would fail again (a non-finite value), so no
+        command is offered."""
         if self.trainer is None or not self.trainer.config.out:
             return ""
-        out = self.trainer.config.out
+        config = self.trainer.config
+        out = shlex.quote(config.out)
         launch = f"mpirun -n {size} " if size > 1 else ""
-        if (Path(out) / CHECKPOINT_NAME).is_file():
-            return (f"; files kept in {out}; continue from its last checkpoint with: "
-                    f"{launch}python -m {PROG} --resume {out}")
-        return (f"; files kept in {out}, but it holds no checkpoint to --resume from (pass "
-                f"--checkpoint-every K to write one)")
+        saved = self.trainer.checkpoint_epoch
+        has_checkpoint = saved and (Path(config.out) / CHECKPOINT_NAME).is_file()
+        if not repeatable:
+            held = f", its checkpoint of epoch {saved} too" if has_checkpoint else ""
+            return (f"; files kept in {out}{held}; the same settings repeat the same steps: "
+                    f"remove the cause (the data, or e.g. a lower --lr) and start again")
+        if has_checkpoint:
+            return (f"; files kept in {out}; continue from its checkpoint of epoch {saved} "
+                    f"with: {launch}python -m {PROG} --resume {out}")
+        if config.resume and not resumes_in_place(config):
+            again = (f"{launch}python -m {PROG} --resume {shlex.quote(config.resume)} "
+                     f"--out {out} --force")
+        else:  # the settings as given, before the method resolved its defaults
+            again = restart_command(self.config, size, config.out)
+        why = (f"no checkpoint yet (the first is written after epoch {config.checkpoint_every})"
+               if config.checkpoint_every else "no checkpoint (--checkpoint-every K writes one)")
+        return f"; files kept in {out}, {why}; start again with: {again}"
 
 
 def setup_logging(role: str, verbose: bool) -> None:
@@ -146,7 +172,7 @@ def resolve_shards(config: TrainConfig, comm: Communicator, num_clients: int) ->
                 prepare_default_shards(config, shard_dir, num_clients)
         finally:  # clients sleep in this barrier while the server prepares, failing or not
             comm.wait_for_server()
-    agree(comm, prepare)
+    agree(comm, prepare, server_only=True)
     return config.replace(shards=str(shard_dir))
 
 
@@ -174,6 +200,11 @@ def load_checked_shard(config: TrainConfig, manifest, client_id: int):
                          f"{expected[:16]}...; the file is corrupted or from another run")
     shard = load_client_shard(path)
     check_shard_against_manifest(shard, manifest, client_id, path)
+    non_finite = non_finite_rows(shard.x)
+    if non_finite is not None:  # training on it would report NaN as a result
+        raise ShardError(f"{path}: /nodes/x holds non-finite values: "
+                         f"{describe_non_finite(non_finite, 'row', shard.global_id)}; re-make "
+                         f"the shards with `python -m data_prep` from finite features")
     return shard
 
 
@@ -184,15 +215,78 @@ def check_world_size(comm: Communicator, manifest, shards: str) -> None:
                          f"mpirun -n {manifest.num_clients + 1}")
 
 
+def check_sample_size(config: TrainConfig, manifest) -> None:
+    """A sample of more draws than the graph has nodes is a mistake, not a bigger sample."""
+    n = manifest.num_nodes
+    if config.sample_size > n:
+        raise SetupError(f"--sample-size is {config.sample_size}, expected at most {n} (the "
+                         f"nodes of the shards in {config.shards}), or 0 for a quarter of them "
+                         f"({-(-n // 4)})")
+
+
+def check_same_shards(checkpoint: dict, manifest, config: TrainConfig) -> None:
+    """--resume continues on the shards its checkpoint was trained on, never on others."""
+    saved = checkpoint.get("shards_fingerprint")
+    if saved is None:  # written before checkpoints named their shards
+        log.warning("--resume %s: the checkpoint does not name its shards; not checked",
+                    config.resume)
+        return
+    now = fingerprint(manifest.raw)
+    if saved != now:
+        raise SetupError(
+            f"--resume {config.resume}: its checkpoint was trained on other shards (fingerprint "
+            f"{saved}: {checkpoint.get('shards_description')}) than {config.shards} holds now "
+            f"(fingerprint {now}: {describe_shards(manifest.raw)}); they were re-made or "
+            f"replaced: restore the shards it was trained on, or start a new run")
+
+
+def open_resumed_run(config: TrainConfig, progress: RankProgress) -> dict:
+    """The server's side of --resume X: X must hold a checkpoint (a run stopped before its
+    first one is told how to start again) and, resumed in place, must not be finished. In place,
+    X is claimed first (its lock taken, a killed run's temporary files removed)."""
+    source = Path(os.path.abspath(config.resume))
+    flag = f"--resume {shlex.quote(str(source))}"
+    if not source.is_dir():
+        raise SetupError(f"{flag}: no such run directory")
+    if resumes_in_place(config):
+        progress.run_dir = claim_run_dir(source, False, resume=True)
+    if not (source / CHECKPOINT_NAME).is_file():
+        saved = _saved_config(source)
+        if saved is None:
+            raise SetupError(f"{flag}: no {CHECKPOINT_NAME} and no config.json there; not a run "
+                             f"directory of {PROG}")
+        config_saved, world_size = saved
+        why = (f"stopped before its first checkpoint (written after epoch "
+               f"{config_saved.checkpoint_every})" if config_saved.checkpoint_every
+               else "wrote no checkpoints (--checkpoint-every 0)")
+        raise SetupError(f"{flag}: the run there {why}, so there is nothing to resume; start "
+                         f"it again with: {restart_command(config_saved, world_size, str(source))}")
+    if resumes_in_place(config) and (source / "final.json").is_file():
+        raise SetupError(f"{flag}: the run there is finished (final.json); a resume never "
+                         f"rewrites a finished run: to train it further, continue it into a new "
+                         f"directory with {flag} --out NEW_DIR --epochs N")
+    return load_checkpoint(source)
+
+
+def _saved_config(run_dir: Path) -> tuple[TrainConfig, int] | None:
+    """A run directory's config.json as (config, world size); None if missing or unreadable."""
+    try:
+        saved = json.loads((run_dir / "config.json").read_text())
+        return TrainConfig.from_dict(saved), int(saved.get("world_size", 1))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
 def set_up(config: TrainConfig, comm: Communicator, progress: RankProgress,
            explicit: set[str] = frozenset()) -> tuple[Trainer, TrainConfig]:
     """Everything before the first training step. Every input check is an agreement point
     (``agree``): a finding on any rank raises the same SetupError on every rank."""
     checkpoint = None
     if config.resume:
-        checkpoint = agree(comm, lambda: load_checkpoint(config.resume) if comm.is_server else None)
-        saved = comm.broadcast_object(checkpoint["config"] if checkpoint else None)
         given = config
+        checkpoint = agree(comm, lambda: open_resumed_run(given, progress) if comm.is_server
+                           else None, server_only=True)
+        saved = comm.broadcast_object(checkpoint["config"] if checkpoint else None)
         config = agree(comm, lambda: resumed_config(saved, given, explicit))
     # one process prepares the default shards with the paper's 8 clients
     config = resolve_shards(config, comm,
@@ -201,9 +295,12 @@ def set_up(config: TrainConfig, comm: Communicator, progress: RankProgress,
     def read_checked_manifest():
         manifest = read_manifest(config.shards)
         check_world_size(comm, manifest, config.shards)
-        if checkpoint is not None and checkpoint.get("world_size") != comm.size:
-            raise SetupError(f"--resume {config.resume}: checkpoint written with "
-                             f"{checkpoint.get('world_size')} ranks, this job has {comm.size}")
+        check_sample_size(config, manifest)
+        if checkpoint is not None:
+            if checkpoint.get("world_size") != comm.size:
+                raise SetupError(f"--resume {config.resume}: checkpoint written with "
+                                 f"{checkpoint.get('world_size')} ranks, this job has {comm.size}")
+            check_same_shards(checkpoint, manifest, config)
         return manifest
     manifest = agree(comm, read_checked_manifest)
     # Recorded resolved: the dataset of the shards actually used, absolute paths (resume from
@@ -224,27 +321,37 @@ def set_up(config: TrainConfig, comm: Communicator, progress: RankProgress,
 
     def claim_and_load() -> ClientGraph:
         # The run directory is taken (lock) before anything is written, and before the last
-        # agreement point, so a run directory that cannot be created stops every rank here.
-        if comm.is_server:
-            progress.run_dir = claim_run_dir(config.out, config.force, bool(config.resume),
-                                             exclusive)
+        # agreement point, so a run directory that cannot be created stops every rank here
+        # (a resume in place took it already).
+        if comm.is_server and progress.run_dir is None:
+            progress.run_dir = claim_run_dir(config.out, config.force, False, exclusive)
         return load_rank_graph(config, comm, manifest)
     graph = agree(comm, claim_and_load)
     progress.phase = "during set-up"
     run_dir = progress.run_dir
+    if run_dir is not None and run_dir.leftovers:
+        log.warning("removed the temporary files of an interrupted run from %s: %s",
+                    run_dir.path, ", ".join(run_dir.leftovers))
     run_info = {"algo": config.algo, "dataset": manifest.dataset,
                 "num_clients": manifest.num_clients, "num_nodes": manifest.num_nodes,
                 "backbone": config.backbone, "sampling": config.sampling,
-                "world_size": comm.size, "shards": config.shards}
+                "world_size": comm.size, "shards": config.shards,
+                "shards_fingerprint": fingerprint(manifest.raw),
+                "shards_description": describe_shards(manifest.raw)}
     placements = comm.gather_objects(placement)
     if placements is not None:
         run_info["placement"] = describe_placements(placements)
+    # collective: checks, with one sum over ranks, that the shards are one partition
     trainer = build_trainer(config, comm, graph, manifest.num_classes, run_dir, run_info,
                             placement.device)
     if config.resume:
         trainer.load_checkpoint(checkpoint)
         if run_dir is not None:
-            run_dir.reset_metrics(keep_through_epoch=trainer.state.epoch)
+            if resumes_in_place(config):
+                run_dir.reset_metrics(keep_through_epoch=trainer.state.epoch)
+            else:  # a new directory: the resumed run's history up to its checkpoint
+                run_dir.start_fresh()
+                run_dir.reset_metrics(trainer.state.epoch, source=config.resume)
     elif run_dir is not None:
         run_dir.start_fresh()
     config = trainer.config  # sample size and steps per epoch resolved against the graph
@@ -252,29 +359,66 @@ def set_up(config: TrainConfig, comm: Communicator, progress: RankProgress,
         resolved = {**config.to_dict(), "world_size": comm.size, "num_classes": manifest.num_classes,
                     "devices": [str(p.device) for p in placements],
                     "gpu_names": [p.gpu_name for p in placements],
-                    "threads_per_rank": [p.threads for p in placements]}
+                    "threads_per_rank": [p.threads for p in placements],
+                    "shards_fingerprint": run_info["shards_fingerprint"]}
         run_dir.write_json("config.json", resolved)
         log.info("config: %s", " ".join(f"{k}={v}" for k, v in sorted(config.to_dict().items())))
     progress.trainer = trainer
     return trainer, config
 
 
+def start_line(config: TrainConfig, trainer: Trainer, comm: Communicator) -> str:
+    """The run's first line: what trains where, and how to continue it after a Ctrl-C on
+    mpirun (which drops every later line)."""
+    where = (f"({trainer.graph.num_nodes} nodes)" if comm.is_single_process
+             else f"over {comm.num_clients} clients")
+    launch = f"mpirun -n {comm.size} " if comm.size > 1 else ""
+    out = shlex.quote(config.out)
+    every = ("every epoch" if config.checkpoint_every == 1
+             else f"every {config.checkpoint_every} epochs")
+    keep = (f"checkpoint {every}; once one is written, "
+            f"`{launch}python -m {PROG} --resume {out}` continues" if config.checkpoint_every
+            else "no checkpoints (--checkpoint-every K to resume after an interruption)")
+    return (f"{config.algo} {config.backbone} {where} on {trainer.run_info['dataset']}, "
+            f"{trainer.run_info.get('placement', '')}: {config.epochs} epochs -> {config.out} "
+            f"({keep})")
+
+
+def _mib(values: list[float]) -> str:
+    low, high = min(values) / 2 ** 20, max(values) / 2 ** 20
+    return f"{low:.1f} MiB" if round(low, 1) == round(high, 1) else f"{low:.1f}-{high:.1f} MiB"
+
+
+def summary_line(final: dict, out: str) -> str:
+    """The run's last line: time, traffic and memory per rank, the best epoch's scores."""
+    sent, memory = final["bytes_per_rank"], final["peak_rss_mb_per_rank"]
+    if not sent:  # a resume of a run whose epochs were all done: only its final files
+        traffic, peak = "none (no epoch left to run)", "not measured"
+    elif len(sent) > 1:
+        traffic = f"server {_mib(sent[:1])}, clients {_mib(sent[1:])} sent + received"
+        peak = (f"server {memory[0]:.0f} MiB, clients {min(memory[1:]):.0f}-"
+                f"{max(memory[1:]):.0f} MiB")
+    else:
+        traffic, peak = "none (one process)", f"{memory[0]:.0f} MiB"
+    best = final["best_train_micro_f1"]
+    train = f"train {best:.4f}, " if best is not None else ""
+    return (f"done in {final['wall_seconds']:.1f} s: {final['epochs_run']} epochs, training "
+            f"{final['mean_train_epoch_seconds']:.3f} s per epoch, evaluation "
+            f"{final['eval_seconds']:.1f} s in all ({final['evaluations']} evaluations); "
+            f"traffic {traffic}; peak memory {peak}; best val micro-F1 "
+            f"{final['best_val_micro_f1']:.4f} at epoch {final['best_epoch']} ({train}test "
+            f"{final['test_micro_f1']:.4f}) -> {out}")
+
+
 def train(config: TrainConfig, comm: Communicator, progress: RankProgress,
           explicit: set[str]) -> int:
     """Set up, train, write the outputs; the rank body that ``run_rank`` guards."""
     trainer, config = set_up(config, comm, progress, explicit)
-    where = (f"({trainer.graph.num_nodes} nodes)" if comm.is_single_process
-             else f"over {comm.num_clients} clients")
-    keep = (f"checkpoint every {config.checkpoint_every} epochs, --resume {config.out} continues"
-            if config.checkpoint_every else "no checkpoints (--checkpoint-every K to resume "
-                                            "after an interruption)")
-    log.info("%s %s %s on %s, %s: %d epochs -> %s (%s)", config.algo, config.backbone, where,
-             trainer.run_info["dataset"], trainer.run_info.get("placement", ""), config.epochs,
-             config.out, keep)
+    trainer.clock.started = progress.started  # the summary's wall time includes set-up
+    log.info("%s", start_line(config, trainer, comm))
     final = trainer.run()
     if comm.is_server:
-        log.info("done: test micro-F1 %.4f at best val epoch %d -> %s", final["test_micro_f1"],
-                 final["best_epoch"], config.out)
+        log.info("%s", summary_line(final, config.out))
     if progress.run_dir is not None:
         progress.run_dir.release()
     return 0
@@ -294,23 +438,31 @@ def describe_placements(placements: list[hardware.Placement]) -> str:
 
 
 def run_rank(comm: Communicator, progress: RankProgress, body: Callable[[], int]) -> int:
-    """The one failure rule of every rank (module docstring): agreed set-up errors are printed
-    by rank 0 and end every rank normally; anything else is printed by this rank and ends the
-    whole job (``comm.abort``; in one process, the exit status)."""
+    """The one failure rule of every rank (module docstring): agreed failures (set-up findings,
+    a non-finite value) are printed by rank 0 and end every rank normally; anything else is
+    printed by this rank and ends the whole job (``comm.abort``; in one process, the exit
+    status)."""
     try:
         return body()
-    except SetupError as exc:
+    except AgreedFailure as exc:
+        kept = ""
         if progress.run_dir is not None:
-            progress.run_dir.abandon()
+            if progress.trainer is None:
+                progress.run_dir.abandon()  # a run that never started leaves no directory
+            else:
+                kept = progress.kept(comm.size, repeatable=not isinstance(exc, NonFiniteError))
+                progress.run_dir.release()
         if comm.is_server:
-            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            print(f"{PROG}: error: {exc}{kept}", file=sys.stderr, flush=True)
         return INPUT_ERROR
     except BaseException as exc:  # noqa: B036 - any failure must end the job, not hang it
         status = exit_status(exc)
-        if isinstance(exc, Interrupted) and not comm.is_single_process:
-            # A signal to every rank (srun, scancel) must give one report: the lowest rank
-            # that handles it reports, and its abort ends the others while they still wait.
-            time.sleep(INTERRUPT_REPORT_STAGGER * comm.rank)
+        if not comm.is_single_process and (isinstance(exc, Interrupted)
+                                           or progress.trainer is None):
+            # A signal to every rank (srun, scancel), or a set-up error every rank meets alike,
+            # must give one report: the lowest rank that has it reports, and its abort ends
+            # the others while they still wait.
+            time.sleep(REPORT_STAGGER * min(comm.rank, MAX_STAGGERED_RANKS))
         if progress.config.verbose:
             traceback.print_exc()
         who = "" if comm.is_single_process else f" on {rank_label(comm.rank, comm.client_id)}"
@@ -318,9 +470,12 @@ def run_rank(comm: Communicator, progress: RankProgress, body: Callable[[], int]
             message = f"interrupted by {exc}{who} {progress.where()}"
         else:
             message = f"error{who} {progress.where()}: {describe(exc)}"
-        print(f"{PROG}: {message}{progress.resume_hint(comm.size)}", file=sys.stderr, flush=True)
+        print(f"{PROG}: {message}{progress.kept(comm.size)}", file=sys.stderr, flush=True)
         if progress.run_dir is not None:
-            progress.run_dir.release()
+            if progress.trainer is None:
+                progress.run_dir.abandon()  # a run that never started leaves no directory
+            else:
+                progress.run_dir.release()
         if not comm.is_single_process:
             comm.abort(status)  # one process returns its status instead (tests call main)
         return status
@@ -356,6 +511,10 @@ def run_distributed(config: TrainConfig, explicit: set[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv, quiet=launcher_rank() != 0)
     explicit = explicit_dests(build_parser(), argv if argv is not None else sys.argv[1:])
+    if config.resume and "algo" not in explicit:  # the resumed run's method decides the launch
+        saved = _saved_config(Path(config.resume))
+        if saved is not None:
+            config = config.replace(algo=saved[0].algo)
     method = get_method(config.algo)
     config = method.with_defaults(config, explicit)
     if not method.distributed:

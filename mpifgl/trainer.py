@@ -1,9 +1,11 @@
 """The run loop every method shares. One Trainer per rank; every rank runs the same phases in the
 same order, so every collective is matched.
 
-Per epoch: ``steps_per_epoch`` training steps (the method's: ``mpifgl.methods``) -> evaluate
-(the method's logits of this rank's own nodes, micro-F1 counted at the server) -> log ->
-checkpoint. At the end: model.pt, logits.npy (optional) and final.json.
+Per epoch: ``steps_per_epoch`` training steps (the method's: ``mpifgl.methods``), each followed
+by the finite check (``mpifgl.finite``) -> evaluate (the method's logits of this rank's own
+nodes, micro-F1 counted at the server) -> log -> checkpoint. At the end: model.pt, logits.npy
+(optional) and final.json with the run's summary (times, bytes per rank, peak memory, best
+epoch).
 
 A method is built from a ``RankSetup`` (what every method starts from: config, communicator,
 graph, global split counts, the rank's random streams) and brings only what it uses: its model,
@@ -20,8 +22,12 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from fgl_common.shard_format import shard_filename
+from fgl_common.shard_identity import partition_evidence, partition_problems
 from mpifgl.communicator import Communicator
 from mpifgl.config import TrainConfig
+from mpifgl.failures import SetupError
+from mpifgl.finite import FiniteGuard
 from mpifgl.graph import ClientGraph
 from mpifgl.model import GNN
 from mpifgl.optim import Adam
@@ -83,12 +89,16 @@ class RankSetup:
     # --secure: this run's keys (agreed in create, held in memory only); None without masking
     masking: SecureSession | None = None
     device: torch.device = torch.device("cpu")  # where this rank computes (--device)
+    # the finite rule: a method's sum over ranks reports its share here (mpifgl.finite)
+    finite: FiniteGuard | None = None
 
     @classmethod
     def create(cls, config: TrainConfig, comm: Communicator, graph: ClientGraph,
                num_classes: int, device: torch.device | str = "cpu") -> "RankSetup":
-        """One sum over ranks gives the global group counts (for the sampler) and split sizes;
-        with --secure the keys are agreed first (collective) and the sum is masked."""
+        """One sum over ranks gives the global group counts (for the sampler) and split sizes,
+        and checks that the clients' shards form one partition of one graph (every --algo and
+        --exchange; a SetupError on every rank otherwise); with --secure the keys are agreed
+        first (collective) and the sum is masked."""
         device = torch.device(device)
         masking = None
         if config.secure and not comm.is_single_process:
@@ -96,17 +106,22 @@ class RankSetup:
             comm = MaskedSums(comm, masking)
         masks = {"train": graph.train_mask, "val": graph.val_mask, "test": graph.test_mask}
         groups = node_groups(graph.y, graph.train_mask, num_classes)
-        local = np.concatenate([group_counts(groups, num_classes),
-                                [int(masks[s].sum()) for s in SPLITS]]).astype(np.int64)
+        counts = np.concatenate([group_counts(groups, num_classes),
+                                 [int(masks[s].sum()) for s in SPLITS]]).astype(np.int64)
+        evidence = partition_evidence(graph.client_id, graph.client_sizes, graph.global_id,
+                                      graph.inner, graph.cross)
+        local = np.concatenate([counts, evidence])
         totals = comm.sum_to_all(torch.from_numpy(local)).numpy()
+        check_partition(totals[counts.shape[0]:], graph.client_sizes, config.shards,
+                        comm.is_single_process)
         seeds = np.random.SeedSequence([config.seed, comm.rank]).generate_state(2)
         return cls(config, comm, graph, num_classes,
                    torch.float64 if config.dtype == "float64" else torch.float32,
                    torch.from_numpy(np.asarray(graph.y, dtype=np.int64)).to(device), masks,
                    groups, totals[:num_classes + 1],
-                   dict(zip(SPLITS, (int(v) for v in totals[num_classes + 1:]))),
+                   dict(zip(SPLITS, (int(v) for v in totals[num_classes + 1:counts.shape[0]]))),
                    np.random.default_rng(int(seeds[0])), dropout_stream(int(seeds[1]), device),
-                   masking, device)
+                   masking, device, FiniteGuard(comm, sum_keeps_non_finite=masking is None))
 
     def gnn_and_optimizer(self) -> tuple[GNN, Adam]:
         """The configured GNN (same initial weights on every rank) and its Adam."""
@@ -152,6 +167,18 @@ def restore_stream(stream: "np.random.Generator | torch.Generator", state: dict[
             stream.bit_generator.state = np.random.default_rng(fresh_seed).bit_generator.state
 
 
+def check_partition(total: np.ndarray, client_sizes: np.ndarray, shards: str,
+                    merged: bool) -> None:
+    """Raise SetupError (on every rank alike: ``total`` is the same everywhere) when the summed
+    evidence shows that the shards are not one partition of one graph."""
+    problems = partition_problems(total, client_sizes, shard_filename if not merged
+                                  else lambda i: "the merged shards")
+    if problems:
+        raise SetupError(f"{shards}: the shards are not one partition of one graph: "
+                         + "; ".join(problems) + f"; `python -m data_prep verify {shards}` "
+                         "lists every problem")
+
+
 class TrainingMethod(Protocol):
     """One rank's side of a method (``--algo``): what the run loop calls. ``train_step`` and
     ``full_logits`` are collective."""
@@ -180,6 +207,42 @@ class BestScore:
     val: float = -1.0
     test: float = 0.0
     epoch: int = 0
+    train: float | None = None  # None in checkpoints written before it was recorded
+
+
+class RunClock:
+    """What the run's summary says (the server's view): wall time since set-up began, the
+    training and evaluation time of the epochs this process ran, bytes and peak memory per
+    rank. ``summary`` goes into final.json."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.epochs = self.evaluations = 0
+        self.train_seconds = self.eval_seconds = 0.0
+        self.bytes_per_rank: np.ndarray | None = None
+        self.peak_rss_mb: np.ndarray | None = None
+
+    def add_epoch(self, train_seconds: float, eval_seconds: float, evaluated: bool,
+                  table: np.ndarray) -> None:
+        """One epoch; ``table`` is the gathered per-rank statistics (RANK_STATS columns)."""
+        self.epochs += 1
+        self.evaluations += int(evaluated)
+        self.train_seconds += train_seconds
+        self.eval_seconds += eval_seconds
+        moved = table[:, RANK_STATS.index("bytes_sent")] + \
+            table[:, RANK_STATS.index("bytes_received")]
+        self.bytes_per_rank = moved if self.bytes_per_rank is None else self.bytes_per_rank + moved
+        self.peak_rss_mb = table[:, RANK_STATS.index("peak_rss_mb")]  # a peak: the last is the max
+
+    def summary(self) -> dict[str, Any]:
+        return {"wall_seconds": time.perf_counter() - self.started,
+                "epochs_run": self.epochs, "evaluations": self.evaluations,
+                "mean_train_epoch_seconds": self.train_seconds / max(1, self.epochs),
+                "eval_seconds": self.eval_seconds,
+                "bytes_per_rank": ([int(v) for v in self.bytes_per_rank]
+                                   if self.bytes_per_rank is not None else []),
+                "peak_rss_mb_per_rank": ([float(v) for v in self.peak_rss_mb]
+                                         if self.peak_rss_mb is not None else [])}
 
 
 @dataclass
@@ -203,6 +266,9 @@ class Trainer:
         self.run_dir = run_dir
         self.run_info = run_info or {}
         self.state = TrainerState()
+        self.position = "before the first epoch"  # for a failure message ("in epoch 3 of 200, ...")
+        self.checkpoint_epoch = 0  # epoch of the last checkpoint saved or loaded (0: none)
+        self.clock = RunClock()
 
     @property
     def config(self) -> TrainConfig:
@@ -232,16 +298,25 @@ class Trainer:
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> dict[str, Any] | None:
         config = self.config
+        steps = config.steps_per_epoch
         for epoch in range(self.state.epoch + 1, config.epochs + 1):
             self.comm.reset_counters()
             start = time.perf_counter()
-            losses = [self.train_step() for _ in range(config.steps_per_epoch)]
+            losses = []
+            where = f"in epoch {epoch} of {config.epochs}"
+            for step in range(1, steps + 1):
+                self.position = f"{where}, step {step} of {steps}"
+                losses.append(self.train_step())
+                # no collective unless a value is non-finite (then every rank stops here)
+                self.setup.finite.after_step(epoch, step, steps, losses[-1], self.model)
             train_seconds = time.perf_counter() - start
             train_comm = self.comm.seconds
             scores = None
             if epoch % config.eval_every == 0 or epoch == config.epochs:
+                self.position = f"{where}, evaluating"
                 scores = self.evaluate()
             epoch_seconds = time.perf_counter() - start
+            self.position = f"{where}, logging"
             stats = np.asarray([epoch_seconds, train_seconds - train_comm, train_comm,
                                 self.comm.bytes_sent, self.comm.bytes_received, peak_rss_mb(),
                                 self.comm.exchange_bytes_sent, self.comm.exchange_bytes_received,
@@ -252,8 +327,12 @@ class Trainer:
             if self.comm.is_server:
                 self._record_epoch(epoch, float(np.mean(losses)), scores, table.numpy(),
                                    counters)
+                self.clock.add_epoch(train_seconds, epoch_seconds - train_seconds,
+                                     scores is not None, table.numpy())
             if config.checkpoint_every and epoch % config.checkpoint_every == 0:
+                self.position = f"while writing the checkpoint of epoch {epoch}"
                 self.save_checkpoint()
+        self.position = "while writing the final outputs"
         return self.finish()
 
     def _record_epoch(self, epoch: int, loss: float, scores: dict[str, float] | None,
@@ -262,7 +341,8 @@ class Trainer:
         if scores is not None:
             record.update(scores)
             if scores["val_micro_f1"] > self.state.best.val:
-                self.state.best = BestScore(scores["val_micro_f1"], scores["test_micro_f1"], epoch)
+                self.state.best = BestScore(scores["val_micro_f1"], scores["test_micro_f1"], epoch,
+                                            scores["train_micro_f1"])
         # Training time only (evaluation excluded from compute/comm, included in epoch_seconds);
         # rank 0 is the server, rank r the client r - 1.
         per_rank = {name: table[:, k].tolist() for k, name in enumerate(RANK_STATS)}
@@ -281,12 +361,12 @@ class Trainer:
         assert self.run_dir is not None
         self.run_dir.append_metrics(record)
         if epoch % self.config.log_every == 0 or epoch == self.config.epochs:
-            moved_mb = (sum(per_rank["bytes_sent"]) + sum(per_rank["bytes_received"])) / 2 ** 20
+            # each byte once: counted where it was sent and where it arrived, so halved
+            moved = (sum(per_rank["bytes_sent"]) + sum(per_rank["bytes_received"])) / 2
             f1 = ("  micro-F1 train {train_micro_f1:.4f} val {val_micro_f1:.4f} test "
                   "{test_micro_f1:.4f}".format(**scores) if scores else " " * 46)
-            # traffic: bytes sent + received over all ranks, halved (each byte counted once)
-            log.info("epoch %4d  loss %.4f%s  time %6.3f s  traffic %8.2f MB", epoch, loss, f1,
-                     record["epoch_seconds"], moved_mb)
+            log.info("epoch %4d  loss %.4f%s  time %6.3f s  traffic %8.2f MiB", epoch, loss, f1,
+                     record["epoch_seconds"], moved / 2 ** 20)
 
     def finish(self) -> dict[str, Any] | None:
         """Final outputs: model.pt, logits.npy (optional), final.json."""
@@ -309,7 +389,8 @@ class Trainer:
             self.run_dir.save_logits(logits)
         best = self.state.best
         final = {"test_micro_f1": best.test, "best_val_micro_f1": best.val,
-                 "best_epoch": best.epoch, "epochs": self.config.epochs, **self.run_info}
+                 "best_train_micro_f1": best.train, "best_epoch": best.epoch,
+                 "epochs": self.config.epochs, **self.run_info, **self.clock.summary()}
         self.run_dir.write_json("final.json", final)
         return final
 
@@ -330,13 +411,18 @@ class Trainer:
     def save_checkpoint(self) -> None:
         states = self.comm.gather_objects(self._rank_state())
         if not self.comm.is_server:
+            self.checkpoint_epoch = self.state.epoch  # the server writes it (or aborts the job)
             return
         assert self.run_dir is not None
         payload = {"config": self.config.to_dict(), "epoch": self.state.epoch,
                    "best": vars(self.state.best), "model": on_host(self.model.state_dict()),
                    "optimizer": on_host(self.method.optimizer.state_dict()), "rng": states,
-                   "world_size": self.comm.size}
+                   "world_size": self.comm.size,
+                   # which shards it was trained on: --resume refuses others
+                   "shards_fingerprint": self.run_info.get("shards_fingerprint"),
+                   "shards_description": self.run_info.get("shards_description")}
         self.run_dir.save_torch(CHECKPOINT_NAME, payload)
+        self.checkpoint_epoch = self.state.epoch
 
     def load_checkpoint(self, payload: dict[str, Any] | None) -> None:
         """Restore from the server's checkpoint payload (None on clients: they get it by
@@ -347,4 +433,5 @@ class Trainer:
         self.model.load_state_dict(payload["model"])
         self.method.optimizer.load_state_dict(payload["optimizer"])
         self.state = TrainerState(payload["epoch"], BestScore(**payload["best"]))
+        self.checkpoint_epoch = self.state.epoch
         self._restore_rank_state(mine)

@@ -20,8 +20,13 @@ sed -i '/^# mpifgl: Open MPI settings/,/^# mpifgl: end of Open MPI settings/d' .
   python -m fgl_common.launch --shell
   echo "# mpifgl: end of Open MPI settings"
 } >> .venv/bin/activate
+# matplotlib's font cache is built here (it runs fc-list once), not in the middle of the first
+# plot or test; the tests build their own where HOME is fresh (tests/conftest.py).
 python - <<'PY'
 import torch, torch_geometric, mpi4py, h5py
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.font_manager
 print(f"setup ok: torch {torch.__version__}, torch_geometric {torch_geometric.__version__}, "
       f"mpi4py {mpi4py.__version__}, h5py {h5py.__version__}")
 PY

@@ -19,6 +19,7 @@ import torch
 
 from tests.helpers import require_shared_data
 from tests.helpers.graphs import Graph, random_graph, random_parts, write_shards
+from tests.helpers.tiny_fs import mount_tmpfs, unmount
 
 TESTS = Path(__file__).resolve().parent
 SUBPROCESS_MARKERS = ("mpi", "e2e", "slurm", "gpu")
@@ -65,6 +66,41 @@ def no_subprocess_in_unmarked_tests(request, monkeypatch):
     for name in ("posix_spawn", "posix_spawnp"):
         if hasattr(os, name):
             monkeypatch.setattr(os, name, refuse)
+
+
+@pytest.fixture(scope="session")
+def matplotlib_fonts() -> None:
+    """matplotlib's font cache, built here on purpose, once per session, before any test's
+    subprocess guard: where it was never built (a fresh HOME, CI) matplotlib runs ``fc-list``
+    the first time it draws text. Tests that draw figures use this fixture."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.font_manager  # noqa: F401  (loads the cache, or builds it with fc-list)
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path, request: pytest.FixtureRequest):
+    """Factory: a real tmpfs of ``size_bytes`` mounted in tmp_path, unmounted after the test;
+    the test is skipped where mounting is refused (not root, no CAP_SYS_ADMIN). Tests using it
+    carry the marker ``needs_mount``."""
+    if request.node.get_closest_marker("needs_mount") is None:
+        raise pytest.UsageError(f"{request.node.nodeid} uses tiny_fs: mark it needs_mount")
+    mounted: list[Path] = []
+
+    def make(size_bytes: int, name: str = "fs") -> Path:
+        target = tmp_path / name
+        target.mkdir()
+        try:
+            mount_tmpfs(target, size_bytes)
+        except OSError as exc:
+            pytest.skip(f"cannot mount a tmpfs here ({exc.strerror}): a full file system "
+                        f"needs root with CAP_SYS_ADMIN")
+        mounted.append(target)
+        return target
+
+    yield make
+    for target in mounted:
+        unmount(target)
 
 
 def load_planetoid_copy(name: str, tmp: Path) -> Graph:

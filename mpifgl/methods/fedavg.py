@@ -187,8 +187,10 @@ class FedAvgMethod:
             loss = 0.0
         weight = self.weight if self.comm.is_client else 0.0
         parameters = list(self.model.parameters())
-        summed = self.comm.sum_to_all(fedavg_contribution(flatten(parameters).cpu(), weight,
-                                                          loss))
+        trained = flatten(parameters)
+        # mpifgl.finite: this rank's own loss and parameters, checked before the sum mixes them
+        self.setup.finite.before_sum(loss, trained, self.model, "parameter after local training")
+        summed = self.comm.sum_to_all(fedavg_contribution(trained.cpu(), weight, loss))
         average, mean_loss = fedavg_result(summed.to(self.setup.device))
         with torch.no_grad():
             for p, value in zip(parameters, unflatten(average, parameters)):

@@ -180,6 +180,8 @@ class GNNMethod:
         """Phase 'gradient sum': one message of all gradients + the loss, summed over ranks; the
         sums go into every parameter's .grad and the summed loss is returned."""
         vector = flatten(grads + [torch.tensor([loss], dtype=self.dtype, device=self.device)])
+        # mpifgl.finite: this rank's own loss and gradients, checked before the sum mixes them
+        self.setup.finite.before_sum(loss, vector[:-1], self.model, "local gradient")
         segments = [p.numel() for p in self.model.parameters()] + [1]
         summed = self.comm.sum_to_all(vector.cpu(), segments).to(self.device)
         parameters = list(self.model.parameters())

@@ -112,3 +112,25 @@ def test_cora_matches_pyg_edges(tmp_path, isolated_cache):
     np.testing.assert_array_equal(graph.x, data.x.numpy())
     np.testing.assert_array_equal(graph.y, data.y.numpy())
     np.testing.assert_array_equal(graph.train_mask, data.train_mask.numpy())
+
+
+@pytest.mark.needs_mount
+@pytest.mark.timeout(180)
+def test_amazon_computers_onto_a_full_disk_ends_with_one_line(tmp_path, tiny_fs):
+    """The case that used to end in a segfault after pages of h5py tracebacks: 8 shards of
+    amazon-computers onto a 2 MB file system. Now: one `data_prep: error` line naming the file,
+    the free bytes and the bytes needed, exit 2, and the partial output removed."""
+    fs = tiny_fs(2 * 2 ** 20)
+    env = {**mpi_env(), "MPIFGL_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-m", "data_prep", "--dataset", "amazon-computers",
+                           "--num-clients", "8", "--data-root", str(SHARED_DATA), "--out",
+                           str(fs / "shards"), "--quiet"], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=150)
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr[-3000:]
+    assert lines[0].startswith(f"data_prep: error: {fs / 'shards' / 'client_0.h5'}: No space "
+                               f"left on device (the file system has ")
+    assert "bytes free, this write needs " in lines[0]
+    assert lines[0].endswith("bytes); partial output removed")
+    assert list(fs.iterdir()) == []

@@ -14,7 +14,7 @@ CHECKS = [
      "fgl_common.shard_format",
      ("mpi4py",)),
     ("data_prep.__main__, data_prep.api, data_prep.verify", ("mpi4py", "torch_geometric", "torch")),
-    ("mpifgl.bias, study.report, study.runner, study.__main__", ("mpi4py", "torch")),
+    ("mpifgl.bias, mpifgl.plot, study.report, study.runner, study.__main__", ("mpi4py", "torch")),
 ]
 
 

@@ -3,6 +3,7 @@ run on Cora, one-line errors for a failed preparation and for bad flags."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import pytest
 
 from data_prep.catalog import KNOWN_DATASETS
 
+from tests.helpers.graphs import random_parts, write_shards
 from tests.helpers.mpi import mpi_env, run_mpi, run_python
 from tests.helpers.runs import TINY, TRAIN, check_run_dir, run_ok
 
@@ -91,8 +93,41 @@ def test_centralized_run_records_its_dataset_and_labels_its_log(toy_shards, tmp_
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "run" / "config.json").read_text())["dataset"] == "toy"
     epoch_line = next(line for line in done.stdout.splitlines() if "epoch    2" in line)
-    for label in ("loss", "micro-F1 train", "val", "test", "time", "traffic", "MB"):
+    for label in ("loss", "micro-F1 train", "val", "test", "time", "traffic", "MiB"):
         assert label in epoch_line, epoch_line
+    summary = done.stdout.strip().splitlines()[-1]
+    assert re.match(r"\[central\] done in [\d.]+ s: 2 epochs, training [\d.]+ s per epoch, "
+                    r"evaluation [\d.]+ s in all \(2 evaluations\); traffic none \(one "
+                    r"process\); peak memory \d+ MiB; best val micro-F1 [\d.]+ at epoch \d "
+                    r"\(train [\d.]+, test [\d.]+\) -> ", summary), summary
+    drawn = run_python(["-m", "mpifgl.plot", str(tmp_path / "run")])
+    assert drawn.returncode == 0 and (tmp_path / "run" / "metrics.png").is_file(), drawn.stderr
     done = run_python([*TRAIN, "--algo", "centralized", "--shards", str(toy_shards(2)),
                        "--epochs", "0"])
     assert done.returncode == 2 and "--epochs is 0, expected an integer >= 1" in done.stderr
+
+
+@pytest.mark.needs_mount
+@pytest.mark.timeout(240)
+def test_a_checkpoint_on_a_full_disk_is_named_and_the_previous_one_kept(cora_graph, tmp_path,
+                                                                        tiny_fs):
+    """Cora onto a 3 MB file system: the first checkpoint (2.2 MB) fits, the second does not
+    (its temporary copy needs as much again). One line names checkpoint.pt with the free and
+    the needed bytes; the first checkpoint is intact and --resume continues from it."""
+    shards = write_shards(cora_graph, random_parts(cora_graph.num_nodes, 2), tmp_path / "shards",
+                          dataset="cora")
+    run = tiny_fs(3 * 2 ** 20) / "run"
+    done = run_python([*TRAIN, "--algo", "centralized", "--shards", str(shards), "--out",
+                       str(run), "--epochs", "4", "--checkpoint-every", "1"], timeout=200)
+    assert done.returncode == 1
+    lines = [line for line in done.stderr.splitlines() if line.startswith("mpifgl.train:")]
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert lines[0].startswith(f"mpifgl.train: error while writing the checkpoint of epoch 2: "
+                               f"{run}/checkpoint.pt: No space left on device (the file system "
+                               f"has ")
+    assert lines[0].endswith(f"; files kept in {run}; continue from its checkpoint of epoch 1 "
+                             f"with: python -m mpifgl.train --resume {run}")
+    import torch
+    assert torch.load(run / "checkpoint.pt", weights_only=False)["epoch"] == 1
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt", "config.json",
+                                                     "metrics.jsonl"]

@@ -6,9 +6,12 @@ writer and the reader share a bug. Shards follow fgl_common.shard_format's docum
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
+import h5py
 import numpy as np
 import scipy.sparse as sp
 
@@ -90,3 +93,20 @@ def write_shards(graph: Graph, parts: np.ndarray, out: str | Path, dataset: str 
                 "split_rule": "test", "clients": clients}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return out
+
+
+def tamper_shard(shard_dir: Path, client: int, *, source: Path | None = None,
+                 x: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+    """Change client ``client``'s shard as a hostile tester would, keeping the manifest's
+    checksum consistent: replace the file with ``source`` (a shard of another partition), or
+    rewrite its features with ``x(features)``."""
+    path = Path(shard_dir) / shard_filename(client)
+    if source is not None:
+        shutil.copy(source, path)
+    if x is not None:
+        with h5py.File(path, "r+") as f:
+            f["nodes/x"][...] = x(f["nodes/x"][()])
+    manifest_path = Path(shard_dir) / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["clients"][client]["sha256"] = file_sha256(path)
+    manifest_path.write_text(json.dumps(manifest, indent=2))

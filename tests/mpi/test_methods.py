@@ -93,9 +93,11 @@ def test_fedavg_nc_end_to_end_and_resume(toy_graph, toy_shards, tmp_path):
     run_ok(run_mpi(3, TRAIN + common + ["--epochs", "4", "--out", str(tmp_path / "straight")],
                    timeout=120))
     run_ok(run_mpi(3, TRAIN + common + ["--epochs", "2", "--checkpoint-every", "2",
-                                        "--out", str(tmp_path / "resumed")], timeout=120))
-    run_ok(run_mpi(3, TRAIN + ["--resume", str(tmp_path / "resumed"), "--epochs", "4",
-                               "--save-logits"], timeout=120))
+                                        "--out", str(tmp_path / "first")], timeout=120))
+    # a finished run goes on in a new directory
+    run_ok(run_mpi(3, TRAIN + ["--resume", str(tmp_path / "first"), "--out",
+                               str(tmp_path / "resumed"), "--epochs", "4", "--save-logits"],
+                   timeout=120))
     check_run_dir(tmp_path / "straight", toy_graph.num_nodes, toy_graph.num_classes, 4)
     straight, resumed = metrics(tmp_path / "straight"), metrics(tmp_path / "resumed")
     assert [r["loss"] for r in straight] == [r["loss"] for r in resumed]

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.graphs import tamper_shard
 from tests.helpers.mpi import MPI_SCRIPTS, REPO, mpi_env, mpirun_path, rank_pids, run_mpi
+from tests.helpers.tiny_fs import fill
 
 TRAIN = ["-m", "mpifgl.train"]
 QUICK = ["--epochs", "3", "--hidden", "16", "--sample-size", "30"]
@@ -28,8 +30,13 @@ def our_lines(done: subprocess.CompletedProcess) -> list[str]:
 
 
 def ended_with_one_message(done, started: float, expected: str) -> str:
-    assert done.returncode != 0
     assert time.monotonic() - started < ENDS_WITHIN
+    return one_message(done, expected)
+
+
+def one_message(done, expected: str) -> str:
+    """The job failed with exactly one line of ours, holding ``expected``, and no traceback."""
+    assert done.returncode != 0
     lines = our_lines(done)
     assert len(lines) == 1, done.stderr[-3000:]
     assert expected in lines[0], lines[0]
@@ -44,17 +51,17 @@ PHASES = [
     ("rundir", 0, "Read-only file system"),
     ("setup", 2, "error on client 1 (rank 2) during set-up: out of memory"),
     ("config", 0, "error on server (rank 0) during set-up: "),
-    ("step", 1, "error on client 0 (rank 1) in epoch 1 of 3: RuntimeError: injected"),
-    ("evaluate", 2, "error on client 1 (rank 2) in epoch 1 of 3: Input/output error"),
+    ("step", 1, "error on client 0 (rank 1) in epoch 1 of 3, step 1 of 2: RuntimeError: injected"),
+    ("evaluate", 2, "error on client 1 (rank 2) in epoch 1 of 3, evaluating: Input/output error"),
     ("checkpoint", 0, "checkpoint.pt: No space left on device"),
-    ("checkpoint", 1, "error on client 0 (rank 1) in epoch"),
+    ("checkpoint", 1, "error on client 0 (rank 1) while writing the checkpoint of epoch 1: "),
     ("final", 0, "while writing the final outputs: "),
     ("final", 2, "error on client 1 (rank 2) while writing the final outputs: No space left"),
 ]
 # the same failures in a world of 5 ranks (4 clients), on a rank that a world of 3 lacks
 PHASES_AT_FIVE = [
     ("setup", 3, "error on client 2 (rank 3) during set-up: out of memory"),
-    ("step", 4, "error on client 3 (rank 4) in epoch 1 of 3: RuntimeError: injected"),
+    ("step", 4, "error on client 3 (rank 4) in epoch 1 of 3, step 1 of 2: RuntimeError: injected"),
 ]
 CASES = [(3, *case) for case in PHASES] + [(5, *case) for case in PHASES_AT_FIVE]
 
@@ -71,8 +78,9 @@ def test_failure_on_one_rank_in_any_phase_ends_the_job(toy_shards, tmp_path, ran
     line = ended_with_one_message(done, started, expected)
     if phase in ("manifest", "shard", "rundir"):  # agreed: exit 1, no empty run dir left
         assert done.returncode == 1 and not (tmp_path / "run").exists()
-    if phase == "config":
+    if phase == "config":  # the server reports: the run never started, its directory goes
         assert "config.json: No space left on device" in line
+        assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.timeout(120)
@@ -126,7 +134,10 @@ def test_resume_from_another_directory_after_a_killed_run(toy_shards, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     saved = json.loads((work / "run" / "config.json").read_text())
     assert saved["shards"] == str(shards.resolve()) and saved["dataset"] == "toy"
-    # A lock left by a killed run (dead pid on this host) does not block the resume.
+    # As if killed while writing its final outputs: a stale lock (dead pid on this host) and the
+    # temporary file of an interrupted write, which do not block the resume and are removed.
+    (work / "run" / "final.json").unlink()
+    (work / "run" / ".final.json.x8k2.tmp").write_text("{")
     (work / "run" / ".lock").write_text(json.dumps({"host": os.uname().nodename, "pid": 2 ** 22 + 7}))
     done = run_mpi(3, [*TRAIN, "--resume", str(work / "run"), "--epochs", "6", "--shards",
                        str(shards)], timeout=150, cwd=elsewhere)
@@ -134,6 +145,7 @@ def test_resume_from_another_directory_after_a_killed_run(toy_shards, tmp_path):
     epochs = [json.loads(line)["epoch"]
               for line in (work / "run" / "metrics.jsonl").read_text().splitlines()]
     assert epochs == [1, 2, 3, 4, 5, 6]
+    assert sorted(p.name for p in (work / "run").iterdir() if p.name.startswith(".")) == []
 
 
 def _wait_for_metrics(process: subprocess.Popen, run: Path, epochs: int = 2) -> None:
@@ -174,3 +186,51 @@ def test_sigint_ends_training_with_how_to_resume(toy_shards, tmp_path, who):
     assert (run / "checkpoint.pt").is_file()
 
 
+
+
+@pytest.mark.timeout(120)
+def test_a_non_finite_loss_on_one_client_ends_every_rank_naming_it(toy_shards, tmp_path):
+    """FedAvg keeps each client's numbers apart until the round's sum: features that overflow
+    on client 1 make only its local loss NaN. Every rank stops at that step; rank 0 names client
+    1 in one line; exit 1; no final.json or model.pt."""
+    shards = toy_shards(2)
+    tamper_shard(shards, 1, x=lambda x: x * 0 + 3e38)  # finite, but the layer overflows
+    run = tmp_path / "run"
+    done = run_mpi(3, [*TRAIN, "--algo", "fedavg", "--shards", str(shards), "--out", str(run),
+                       "--epochs", "3", "--hidden", "16", "--checkpoint-every", "1"], timeout=100)
+    line = one_message(done, "mpifgl.train: error: non-finite local loss "
+                                                 "(nan) on client 1 (rank 2) in epoch 1, step 1 "
+                                                 "of 1; files kept in ")
+    assert done.returncode == 1, line
+    assert not (run / "final.json").exists() and not (run / "model.pt").exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_set_up_error_every_rank_meets_is_printed_once(toy_shards, tmp_path):
+    done = run_mpi(3, [*TRAIN, "--shards", str(toy_shards(2)), "--out", str(tmp_path / "run"),
+                       "--sample-size", "999"], timeout=100)
+    one_message(done, "--sample-size is 999, expected at most 60")
+    assert done.returncode == 1 and not (tmp_path / "run").exists()
+
+
+@pytest.mark.needs_mount
+@pytest.mark.timeout(150)
+def test_a_checkpoint_on_a_full_disk_names_the_file_and_keeps_the_last_one(toy_shards, tiny_fs):
+    """A real full file system (tmpfs): the first checkpoint fits, the second does not. One line
+    names checkpoint.pt, the free bytes and the bytes needed, and how to resume from the
+    first, which is intact."""
+    fs = tiny_fs(600 * 1024)
+    fill(fs, leave_bytes=420 * 1024)
+    run = fs / "run"
+    done = run_mpi(3, [*TRAIN, "--shards", str(toy_shards(2)), "--out", str(run), "--epochs",
+                       "4", "--hidden", "2000", "--sample-size", "30", "--checkpoint-every", "1"],
+                   timeout=120)
+    line = one_message(done, "error on server (rank 0) while writing the "
+                                                 "checkpoint of epoch 2: ")
+    assert f"{run}/checkpoint.pt: No space left on device (the file system has " in line
+    assert "bytes free, this write needs " in line
+    assert line.endswith(f"; files kept in {run}; continue from its checkpoint of epoch 1 with: "
+                         f"mpirun -n 3 python -m mpifgl.train --resume {run}")
+    import torch
+    assert torch.load(run / "checkpoint.pt", weights_only=False)["epoch"] == 1
+    assert not [p.name for p in run.iterdir() if p.name.endswith(".tmp")]

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers.graphs import random_graph, random_parts, write_shards
+from tests.helpers.graphs import random_graph, random_parts, tamper_shard, write_shards
 from tests.helpers.runs import run_ok
 from tests.helpers.mpi import MPI_SCRIPTS, REPO, mpi_env, mpirun_path, rank_pids, run_mpi
 
@@ -78,16 +78,25 @@ def test_resume_matches_uninterrupted_run(toy_shards, tmp_path):
     shards = toy_shards(3)
     common = [*TRAIN, "--shards", str(shards), "--hidden", "16", "--sample-size", "30",
               "--checkpoint-every", "2", "--seed", "4"]
-    whole, part = tmp_path / "whole", tmp_path / "part"
+    whole, part, more = tmp_path / "whole", tmp_path / "part", tmp_path / "more"
     run_ok(run_mpi(4, [*common, "--out", str(whole), "--epochs", "6"], timeout=150))
     run_ok(run_mpi(4, [*common, "--out", str(part), "--epochs", "4"], timeout=150))
     assert (part / "checkpoint.pt").is_file()
-    run_ok(run_mpi(4, [*TRAIN, "--resume", str(part), "--epochs", "6"], timeout=150))
-    assert scores(part) == scores(whole)
-    assert same_weights(part, whole)
-    assert json.loads((part / "final.json").read_text()) == json.loads((whole / "final.json").read_text())
+    # a finished run is continued into a new directory, never rewritten
+    run_ok(run_mpi(4, [*TRAIN, "--resume", str(part), "--out", str(more), "--epochs", "6"],
+                   timeout=150))
+    assert scores(more) == scores(whole)
+    assert same_weights(more, whole)
+    summary = ("wall_seconds", "mean_train_epoch_seconds", "eval_seconds", "epochs_run",
+               "evaluations", "bytes_per_rank", "peak_rss_mb_per_rank")
+    final = {k: v for k, v in json.loads((more / "final.json").read_text()).items()
+             if k not in summary}
+    assert final == {k: v for k, v in json.loads((whole / "final.json").read_text()).items()
+                     if k not in summary}
+    assert [r["epoch"] for r in metrics(part)] == [1, 2, 3, 4]
     # A resume may not change the math.
-    bad = run_mpi(4, [*TRAIN, "--resume", str(part), "--lr", "0.5"], timeout=60)
+    bad = run_mpi(4, [*TRAIN, "--resume", str(part), "--out", str(tmp_path / "bad"), "--lr",
+                      "0.5"], timeout=60)
     assert bad.returncode != 0 and "--lr 0.5" in bad.stderr
 
 
@@ -113,7 +122,8 @@ def _corrupt(path: Path) -> None:
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("ranks,damage", [(3, "missing"), (5, "missing"), (3, "corrupted"),
-                                          (3, "mismatched"), (3, "no-manifest")])
+                                          (3, "mismatched"), (3, "no-manifest"),
+                                          (3, "non-finite"), (4, "other-partition")])
 def test_bad_shards_end_every_rank_with_a_clear_message(toy_shards, tmp_path, ranks, damage):
     shards = toy_shards(ranks - 1)
     target = shards / "client_1.h5"
@@ -133,13 +143,27 @@ def test_bad_shards_end_every_rank_with_a_clear_message(toy_shards, tmp_path, ra
             (other / "manifest.json").read_text())["clients"][1]["sha256"]
         (shards / "manifest.json").write_text(json.dumps(manifest))
         expected = "client_1.h5: "
+    elif damage == "non-finite":  # one NaN in a feature, the checksum made consistent
+        def one_nan(x):
+            x[5, 3] = np.nan
+            return x
+        tamper_shard(shards, 1, x=one_nan)
+        expected = "client_1.h5: /nodes/x holds non-finite values: nan at row 5 (global id "
+    elif damage == "other-partition":  # a client file of another partition of the same graph
+        other = write_shards(random_graph(n=60, avg_degree=5, d=7, classes=3, seed=11,
+                                          isolated=2), random_parts(60, ranks - 1, seed=9),
+                             tmp_path / "other")
+        tamper_shard(shards, 1, source=other / "client_1.h5")
+        expected = "the shards are not one partition of one graph"
     else:
         (shards / "manifest.json").unlink()
         expected = "manifest missing"
-    done = run_mpi(ranks, [*TRAIN, "--shards", str(shards), "--out", str(tmp_path / "run")],
-                   timeout=90)
+    done = run_mpi(ranks, [*TRAIN, "--shards", str(shards), "--out", str(tmp_path / "run"),
+                           "--exchange", "reduce"], timeout=90)
     assert done.returncode != 0
     assert expected in done.stderr, done.stderr[-2000:]
+    assert done.stderr.count("mpifgl.train:") == 1, done.stderr[-2000:]  # once, by rank 0
+    assert not (tmp_path / "run").exists()
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 

@@ -528,3 +528,39 @@ def test_sbatch_real_data_prep_then_train_on_cora(cluster, tmp_path):
     assert (run / "final.json").is_file(), log
     assert json.loads((run / "final.json").read_text())
     assert (run / "config.json").is_file() and (run / "metrics.jsonl").is_file()
+
+
+# ---- the README's dry-run lines, and outputs that exist already ---------------------------------
+def test_the_readmes_dry_run_lines_run_as_written_without_a_cluster():
+    lines = [line.split("#")[0].strip() for line in (REPO / "README.md").read_text().splitlines()
+             if "DRY_RUN=1 bash jobs/" in line]
+    assert len(lines) == 2, lines
+    for line in lines:
+        done = subprocess.run(["bash", "-c", line], env=clean_env(), cwd=REPO,
+                              capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, (line, done.stderr)
+        assert commands(done.stdout)[-1].split()[2:4] == ["-m", "data_prep"] \
+            or " -m mpifgl.train " in commands(done.stdout)[-1], done.stdout
+
+
+def test_a_dry_run_reports_an_output_that_exists(tmp_path):
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    (shards / "manifest.json").write_text(json.dumps({"num_clients": 2}))
+    done = dry_run("data_prep.sbatch", DATASET="cora", NUM_CLIENTS="2", DATA_ROOT=str(tmp_path),
+                   SHARD_DIR=str(shards))
+    assert done.returncode == 0
+    assert (f"data_prep.sbatch: SHARD_DIR={shards} already holds shards (manifest.json); "
+            f"data_prep will refuse to replace them") in done.stderr
+    assert "already holds" not in dry_run("data_prep.sbatch", DATASET="cora", NUM_CLIENTS="2",
+                                          DATA_ROOT=str(tmp_path), SHARD_DIR=str(shards),
+                                          FORCE="1").stderr
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "final.json").write_text("{}")
+    done = dry_run("train.sbatch", SHARD_DIR=str(shards), RUN_DIR=str(run), MPI_LAUNCHER="mpirun")
+    assert done.returncode == 0
+    assert (f"train.sbatch: RUN_DIR={run} already holds a run (final.json); mpifgl.train will "
+            f"refuse it") in done.stderr
+    assert "already holds" not in dry_run("train.sbatch", SHARD_DIR=str(shards), RUN_DIR=str(run),
+                                          MPI_LAUNCHER="mpirun", EXTRA_ARGS="--force").stderr

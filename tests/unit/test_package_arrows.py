@@ -127,7 +127,8 @@ def test_only_comm_imports_mpi4py():
       "mpifgl.communicator", "mpifgl.secure", "fgl_common.shard_format"], {"mpi4py"}),
     (["data_prep.__main__", "data_prep.api", "data_prep.verify"],
      {"mpi4py", "torch_geometric", "torch", "ogb"}),
-    (["mpifgl.bias", "study.report", "study.runner", "study.__main__"], {"mpi4py", "torch"}),
+    (["mpifgl.bias", "mpifgl.plot", "study.report", "study.runner", "study.__main__"],
+     {"mpi4py", "torch"}),
 ])
 def test_importing_loads_no_heavy_or_mpi_package(modules, forbidden):
     for module in modules:

@@ -137,3 +137,12 @@ def test_missing_directory_and_manifest(tmp_path, capsys):
     assert status == 1 and "does not exist" in stdout
     status, stdout, _ = run_cli(capsys, "verify", tmp_path, "--quiet")
     assert status == 1 and "manifest missing" in stdout
+
+
+def test_non_finite_features(shards):
+    path = shards / "client_1.h5"
+    shard = shard_format.load_client_shard(path)
+    shard.x[4, 2] = np.inf
+    rewrite(shards, 1, shard)
+    assert (f"{path}: /nodes/x holds non-finite values: inf at row 4 (global id "
+            f"{shard.global_id[4]}), column 2; 1 row affected") in problems(shards)

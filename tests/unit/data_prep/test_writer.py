@@ -7,6 +7,7 @@ import json
 import os
 import socket
 
+import numpy as np
 import pytest
 
 from data_prep import writer
@@ -153,3 +154,41 @@ def test_litter_of_killed_runs_is_removed_by_the_next(tmp_path, capsys):
         [f".shards.partial-{host}-{live}-abc_12"]
     removed = remove_dead_owners(tmp_path / "cache" / "raw-copies", "cora-")
     assert [p.name for p in removed] == [f"cora-{host}-{dead}-xyz"]
+
+
+@pytest.mark.needs_mount
+def test_a_real_full_disk_ends_with_one_line_and_removes_the_partial_output(tiny_fs, capsys):
+    """A tmpfs too small for the shards (no faked OSError): HDF5 never writes into the full
+    file system itself (the shard is built in memory), so the run ends with one line naming the
+    file, the free bytes and the bytes it needed, and leaves nothing behind."""
+    fs = tiny_fs(96 * 1024)
+    code, stdout, stderr = run_cli(capsys, *SMALL_SYN, "--num-clients", 4, "--out",
+                                   fs / "shards", "--quiet")
+    assert code == 2 and stdout == ""
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith(f"data_prep: error: {fs / 'shards'}/client_")
+    assert "No space left on device (the file system has " in lines[0]
+    assert "bytes free, this write needs " in lines[0] and "partial output removed" in lines[0]
+    assert list(fs.iterdir()) == []
+
+
+def test_non_finite_features_are_refused_naming_the_first_bad_node(monkeypatch, tmp_path, capsys):
+    from data_prep import api
+
+    original = api.load_dataset
+
+    def with_a_nan(config):
+        graph = original(config)
+        graph.x[17, 3] = np.nan
+        graph.x[40, 0] = np.inf
+        return graph
+
+    monkeypatch.setattr(api, "load_dataset", with_a_nan)
+    code, _, stderr = run_cli(capsys, *SMALL_SYN, "--num-clients", 2, "--out",
+                              tmp_path / "shards", "--quiet")
+    assert code == 2
+    assert stderr.strip() == (
+        "data_prep: error: the generated dataset synthetic: the node features (dataset x) hold "
+        "non-finite values: nan at node 17, column 3; 2 nodes affected; no shards written")
+    assert list(tmp_path.iterdir()) == []

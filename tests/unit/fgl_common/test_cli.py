@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fgl_common.cli import (add_dataclass_arguments, dataclass_from_namespace, explicit_dests,
-                            flag_name, option)
+from fgl_common.cli import (add_dataclass_arguments, check_finite, dataclass_from_namespace,
+                            explicit_dests, flag_name, option)
 
 
 @dataclass(frozen=True)
@@ -181,3 +181,24 @@ def test_a_required_switch_must_be_given(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args([])
     assert "--shell" in capsys.readouterr().err
+
+
+@dataclass(frozen=True)
+class Rates:
+    lr: float = option(0.01, "a rate")
+    cap: float | None = option(None, "an optional number")
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf", "NaN", "1e999"])
+def test_a_float_flag_takes_finite_numbers_only(text, capsys):
+    parser = argparse.ArgumentParser(prog="t")
+    add_dataclass_arguments(parser, Rates)
+    assert dataclass_from_namespace(Rates, parser.parse_args(["--lr", "1e-3", "--cap", "2"])) \
+        == Rates(0.001, 2.0)
+    for flag in ("--lr", "--cap"):
+        with pytest.raises(SystemExit):
+            parser.parse_args([f"{flag}={text}"])
+        assert f"argument {flag}: '{text}' is not a finite number" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"--lr is (nan|inf|-inf), expected a finite number"):
+        check_finite(Rates(lr=float(text)))
+    check_finite(Rates())

@@ -107,3 +107,19 @@ def test_cli_errors_are_one_line_without_traceback(tmp_path, capsys):
         local_bias(tmp_path / "nowhere", central)
 
 
+
+
+def test_the_report_says_what_the_figure_is_and_how_to_judge_it(tmp_path, capsys):
+    shards = _shard_dir(tmp_path / "shards", [[0, 2], [1, 3]])
+    run = _run_dir(tmp_path / "run", np.array([[3.0, 4], [0, 1], [0, 0], [0, 0]]), shards)
+    central = _run_dir(tmp_path / "c0", np.zeros((4, 2)), shards, algo="centralized")
+    noise = _run_dir(tmp_path / "c1", np.full((4, 2), 0.5), shards, seed=1, algo="centralized")
+    assert main([str(run), "--reference", str(central)]) == 0
+    alone = capsys.readouterr().out
+    assert "the mean over nodes of the Euclidean distance between this run's output logits " \
+           "and the centralized reference's" in alone
+    assert "pass --noise-reference with a second centralized run of another --seed" in alone
+    assert main([str(run), "--reference", str(central), "--noise-reference", str(noise)]) == 0
+    judged = capsys.readouterr().out
+    assert "noise floor: 0.7071" in judged and "bias / noise = 2.12" in judged
+    assert "differ from centralized training by 2.12 times the seed noise" in judged

@@ -1,12 +1,17 @@
-"""mpifgl.config: defaults, validation naming the flag, one flag per field, resume rules."""
+"""mpifgl.config: defaults, validation naming the flag, one flag per field, resume rules, the
+command that starts a run again, the help's default run name."""
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
 
 from fgl_common.cli import explicit_dests
-from mpifgl.config import TrainConfig, build_parser, parse_config, resumed_config
+from mpifgl.config import (TrainConfig, build_parser, parse_config, restart_command,
+                           resumed_config)
 from mpifgl.methods import get_method
+from mpifgl.runlog import default_run_dir
 
 
 def test_defaults_are_the_papers_settings():
@@ -120,3 +125,43 @@ def test_resume_compares_resolved_shard_paths(tmp_path, monkeypatch):
                        {"resume", "shards"})
 
 
+
+
+@pytest.mark.parametrize("argv", [["--lr", "nan"], ["--lr", "inf"], ["--nc-fraction", "nan"],
+                                  ["--exchange-buffer-mb", "inf"], ["--weight-decay", "nan"]])
+def test_every_float_flag_must_be_a_finite_number(argv, capsys):
+    with pytest.raises(SystemExit):
+        parse_config(argv)
+    assert f"argument {argv[0]}: '{argv[1]}' is not a finite number" in capsys.readouterr().err
+    field = argv[0][2:].replace("-", "_")
+    with pytest.raises(ValueError, match=f"{argv[0]} is {float(argv[1])!r}, expected a finite"):
+        TrainConfig(**{field: float(argv[1])}).validate()  # a config from JSON: the same rule
+
+
+def test_resume_into_a_new_directory_or_in_place():
+    saved = TrainConfig(lr=0.1, epochs=10, out="/runs/x").to_dict()
+    in_place = resumed_config(saved, parse_config(["--resume", "/runs/x", "--force"]),
+                              {"resume", "force"})
+    assert in_place.out == "/runs/x" and not in_place.force  # never overwrites its own run
+    into = resumed_config(saved, parse_config(["--resume", "/runs/x", "--out", "/runs/y",
+                                               "--force", "--epochs", "20"]),
+                          {"resume", "out", "force", "epochs"})
+    assert (into.out, into.resume, into.force, into.epochs) == ("/runs/y", "/runs/x", True, 20)
+
+
+def test_restart_command_is_quoted_and_names_what_differs():
+    config = TrainConfig(shards="/data/my shards", epochs=3, secure=True, fanouts=(5, 3))
+    assert restart_command(config, 5, "/runs/a b") == (
+        "mpirun -n 5 python -m mpifgl.train --shards '/data/my shards' --epochs 3 --secure "
+        "--fanouts 5,3 --out '/runs/a b' --force")
+    assert restart_command(TrainConfig(algo="centralized"), 1, "r") == (
+        "python -m mpifgl.train --algo centralized --dataset cora --out r --force")
+
+
+def test_help_shows_the_real_default_run_directory_name():
+    text = next(a.help for a in build_parser()._actions if "--out" in a.option_strings)
+    example = re.search(r"e\.g\. (runs/\S+?)\)", text).group(1)
+    real = str(default_run_dir("cora", "ours"))
+    pattern = r"runs/cora-ours-\d{8}-\d{6}\.\d{6}-(p\d+|j\d+(_\d+)?)$"
+    assert re.match(pattern, example) and re.match(pattern, real), (example, real)
+    assert "runs/<dataset>-<algo>-<date>-<time>.<microseconds>-" in text

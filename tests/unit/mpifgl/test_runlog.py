@@ -1,5 +1,6 @@
 """mpifgl.runlog: the run directory belongs to one run (locks, stale owners), durable writes,
-one file mode, default names, metrics truncated on resume."""
+one file mode, default names, metrics truncated on resume, a full disk named, the leftovers of
+killed runs removed, a run that never started leaving no directory."""
 from __future__ import annotations
 
 import errno
@@ -8,13 +9,16 @@ import os
 import socket
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+from fgl_common.diskspace import DiskFullError
 from fgl_common.ownership import owner_is_dead
 from mpifgl.runlog import (LOCK_NAME, RunDirError, RunDirectory, atomic_write, claim_run_dir,
                            default_run_dir)
 from tests.helpers import dead_pid
+from tests.helpers.tiny_fs import fill
 
 
 def write_lock(run: Path, **owner) -> None:
@@ -30,8 +34,6 @@ def test_unusable_out_is_refused_with_the_os_reason(tmp_path):
         claim_run_dir(tmp_path / "afile" / "run", False, False)
     with pytest.raises(RunDirError, match=r"--out /proc/x: cannot create the run directory"):
         claim_run_dir("/proc/x", False, False)  # os.access says yes here, even for root
-    with pytest.raises(RunDirError, match="no checkpoint.pt"):
-        claim_run_dir(tmp_path / "new", False, resume=True)
 
 
 def test_a_run_directory_belongs_to_one_run(tmp_path):
@@ -136,8 +138,7 @@ def test_run_dir_rules(tmp_path):
     with pytest.raises(RunDirError, match="already holds a run"):
         claim_run_dir(tmp_path / "old", False, False)
     claim_run_dir(tmp_path / "old", True, False).release()
-    with pytest.raises(RunDirError, match="no checkpoint.pt"):
-        claim_run_dir(tmp_path / "old", False, True)
+    claim_run_dir(tmp_path / "old", False, resume=True).release()  # the run continues there
     (tmp_path / "file").write_text("x")
     with pytest.raises(RunDirError, match="is a file, not a directory"):
         claim_run_dir(tmp_path / "file", False, False)
@@ -149,3 +150,57 @@ def test_metrics_truncated_to_checkpoint_epoch(tmp_path):
         run.append_metrics({"epoch": epoch, "loss": 1.0 / epoch})
     run.reset_metrics(keep_through_epoch=3)
     assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 3
+
+
+# -- a full file system -----------------------------------------------------------------------
+@pytest.mark.needs_mount
+def test_every_run_file_on_a_full_disk_names_itself_and_keeps_the_previous_one(tiny_fs):
+    """Real ENOSPC (a small tmpfs), no faked OSError: each writer's one message names the file,
+    the free bytes and the bytes needed; the previous good file stays, no temporary is left."""
+    run = RunDirectory(tiny_fs(256 * 1024))
+    run.save_torch("checkpoint.pt", {"w": torch.zeros(1000)})
+    run.append_metrics({"epoch": 1, "loss": 1.0})
+    run.write_json("final.json", {"test_micro_f1": 0.5})
+    fill(run.path, leave_bytes=8 * 1024)
+    writes = {"checkpoint.pt": lambda: run.save_torch("checkpoint.pt", {"w": torch.zeros(40_000)}),
+              "final.json": lambda: run.write_json("final.json", {"x": "y" * 40_000}),
+              "logits.npy": lambda: run.save_logits(np.zeros((100, 100))),
+              "metrics.jsonl": lambda: run.append_metrics({"epoch": 2, "pad": "z" * 40_000})}
+    for name, write in writes.items():
+        with pytest.raises(DiskFullError) as caught:
+            write()
+        assert str(caught.value).startswith(f"{run.path / name}: No space left on device (the "
+                                            f"file system has "), caught.value
+        assert "bytes free, this write needs " in str(caught.value)
+    assert torch.load(run.path / "checkpoint.pt")["w"].shape == (1000,)
+    assert json.loads((run.path / "final.json").read_text()) == {"test_micro_f1": 0.5}
+    assert [json.loads(line)["epoch"] for line in
+            (run.path / "metrics.jsonl").read_text().splitlines()] == [1]  # no torn line
+    assert sorted(p.name for p in run.path.iterdir()) == [
+        ".ballast", "checkpoint.pt", "final.json", "metrics.jsonl"]
+
+
+# -- leftovers and runs that never started -------------------------------------------------
+def test_the_next_run_removes_a_killed_runs_temporary_files_and_lock(tmp_path):
+    run = tmp_path / "run"
+    write_lock(run)
+    for name in (".checkpoint.pt.k2j3.tmp", ".final.json.x1.tmp", ".model.pt.a.tmp"):
+        (run / name).write_bytes(b"half")
+    (run / "config.json").write_text("{}")
+    claimed = claim_run_dir(run, True, False)
+    assert claimed.leftovers == [".checkpoint.pt.k2j3.tmp", ".final.json.x1.tmp",
+                                 ".model.pt.a.tmp"]
+    assert sorted(p.name for p in run.iterdir()) == [LOCK_NAME, "config.json"]
+    claimed.release()
+
+
+def test_a_run_that_never_started_leaves_no_directory(tmp_path):
+    fresh = claim_run_dir(tmp_path / "new", False, False)
+    fresh.write_json("config.json", {})
+    fresh.abandon()
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "notes.txt").write_text("mine")
+    existing = claim_run_dir(tmp_path / "old", False, False)
+    existing.abandon()
+    assert sorted(p.name for p in (tmp_path / "old").iterdir()) == ["notes.txt"]

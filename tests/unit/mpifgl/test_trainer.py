@@ -42,6 +42,14 @@ def test_run_writes_metrics_model_and_final_scores(toy_shards, tmp_path):
     assert [r["epoch"] for r in records] == [1, 2, 3]
     assert records[-1]["bytes_sent"] == [0]  # one process: nothing communicated
     assert 0.0 <= final["test_micro_f1"] <= 1.0 and final["epochs"] == 3
+    # the run's summary: times, bytes and memory per rank, the best epoch's scores
+    assert (final["epochs_run"], final["evaluations"], final["bytes_per_rank"]) == (3, 3, [0])
+    assert final["wall_seconds"] >= final["eval_seconds"] > 0
+    assert final["mean_train_epoch_seconds"] > 0 and len(final["peak_rss_mb_per_rank"]) == 1
+    best = records[final["best_epoch"] - 1]
+    assert (final["best_train_micro_f1"], final["test_micro_f1"]) == (best["train_micro_f1"],
+                                                                      best["test_micro_f1"])
+    assert json.loads((run / "final.json").read_text()) == final
     assert np.load(run / "logits.npy").shape == (60, 3)
     assert set(torch.load(run / "model.pt")) == set(trainer.model.state_dict())
 

@@ -12,6 +12,8 @@ from study.config import StudyConfig
 from study.plan import build_plan
 from study.report import collect_rows, summarize_metrics, write_report
 
+pytestmark = pytest.mark.usefixtures("matplotlib_fonts")  # the report draws figures
+
 
 # -- report from fake run directories -----------------------------------------------------------
 def _fake_run(root: Path, key: str, f1: float, logits: np.ndarray, ranks: int = 3,

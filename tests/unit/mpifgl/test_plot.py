@@ -1,0 +1,58 @@
+"""mpifgl.plot: several runs' metrics.jsonl drawn into one PNG; a missing run is one line."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mpifgl import plot
+from mpifgl.plot import client_mib, main, read_metrics
+
+pytestmark = pytest.mark.usefixtures("matplotlib_fonts")  # draws a figure
+
+
+def fake_run(path, epochs: int, ranks: int, eval_every: int = 1):
+    path.mkdir(parents=True)
+    lines = []
+    for epoch in range(1, epochs + 1):
+        record = {"epoch": epoch, "loss": 2.0 / epoch, "epoch_seconds": 0.1,
+                  "bytes_sent": [2 ** 20] * ranks, "bytes_received": [2 ** 21] * ranks}
+        if epoch % eval_every == 0:
+            record.update(train_micro_f1=0.5, val_micro_f1=0.4, test_micro_f1=0.45)
+        lines.append(json.dumps(record))
+    (path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_runs_are_drawn_over_each_other(tmp_path, capsys, monkeypatch):
+    one = fake_run(tmp_path / "a", epochs=5, ranks=3)
+    two = fake_run(tmp_path / "b", epochs=3, ranks=1, eval_every=2)
+    out = tmp_path / "both.png"
+    assert main([str(one), str(two), "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert capsys.readouterr().out.strip() == f"mpifgl.plot: wrote {out} (2 runs)"
+    monkeypatch.setattr(plot, "draw", lambda runs: b"drawn")  # where it goes, not what it is
+    assert main([str(one)]) == 0 and (one / "metrics.png").read_bytes() == b"drawn"
+    monkeypatch.chdir(tmp_path)
+    assert main([str(one), str(two)]) == 0 and (tmp_path / "metrics.png").is_file()
+
+
+def test_bytes_per_client_leave_out_the_server():
+    record = {"bytes_sent": [100, 2 ** 20, 3 * 2 ** 20], "bytes_received": [0, 2 ** 20, 2 ** 20]}
+    assert client_mib(record) == 3.0
+    assert client_mib({"bytes_sent": [0], "bytes_received": [0]}) == 0.0
+
+
+def test_a_missing_or_empty_run_is_one_line(tmp_path, capsys):
+    assert main([str(tmp_path / "nowhere")]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"mpifgl.plot: error: {tmp_path / 'nowhere' / 'metrics.jsonl'}: no such "
+                   "directory; expected the run directory of `python -m mpifgl.train`\n")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "metrics.jsonl").write_text("")
+    assert main([str(tmp_path / "empty")]) == 1
+    assert "no epoch recorded yet" in capsys.readouterr().err
+    torn = fake_run(tmp_path / "torn", epochs=2, ranks=1)
+    with open(torn / "metrics.jsonl", "a") as handle:
+        handle.write('{"epoch": 3, "lo')  # a line cut off by a kill
+    assert [r["epoch"] for r in read_metrics(torn)] == [1, 2]
