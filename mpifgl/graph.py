@@ -207,7 +207,7 @@ def build_operator(graph: ClientGraph, backbone: str, samples: list[np.ndarray] 
     plan = None
     if cross is not None:
         plan = CrossExchangePlan.of_cross_block(cross, segment_rows, own, dtype, device)
-    as_col = lambda v: v.to(dtype)[:, None].to(device)  # noqa: E731
+    as_col = lambda v: v.to(device=device, dtype=dtype)[:, None]  # noqa: E731
     return LayerOperator(torch.from_numpy(rows).to(device), SparseOperator(inner, dtype, device),
                          as_col(scale.row), as_col(scale.col), as_col(scale.self), plan)
 

@@ -133,8 +133,8 @@ class CSRArrays:
     def select(self, rows: np.ndarray, col_map: np.ndarray, num_cols: int) -> "CSRArrays":
         """self[rows][:, cols] where col_map[c] = new column of c or -1 (CSR order kept)."""
         starts = self.indptr[rows]
-        row_bounds = offsets(self.indptr[rows + 1] - starts)
-        lengths = np.diff(row_bounds)
+        lengths = self.indptr[rows + 1] - starts
+        row_bounds = offsets(lengths)
         # positions of the selected rows' entries: starts[r] + 0..lengths[r]-1, end to end
         position = np.arange(row_bounds[-1], dtype=np.int64) + np.repeat(starts - row_bounds[:-1],
                                                                           lengths)
