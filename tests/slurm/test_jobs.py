@@ -297,6 +297,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--shards", required=True); p.add_argument("--out", required=True)
 p.add_argument("--algo", required=True); p.add_argument("--seed", type=int, required=True)
 p.add_argument("--epochs", type=int, default=1)
+p.add_argument("--device", required=True); p.add_argument("--threads", required=True)
 a, extra = p.parse_known_args()
 comm = MPI.COMM_WORLD
 m = json.load(open(os.path.join(a.shards, "manifest.json")))["num_clients"]
@@ -311,7 +312,8 @@ total = comm.allreduce(comm.rank)
 if comm.rank == 0:
     os.makedirs(a.out, exist_ok=True)
     result = {"world_size": comm.size, "rank_sum": total, "algo": a.algo, "seed": a.seed,
-              "epochs": a.epochs, "extra": extra, "omp": os.environ.get("OMP_NUM_THREADS"),
+              "epochs": a.epochs, "device": a.device, "threads": a.threads,
+              "extra": extra, "omp": os.environ.get("OMP_NUM_THREADS"),
               "slurm_job": os.environ.get("SLURM_JOB_ID"),
               "launched_by_srun": "SLURM_STEP_ID" in os.environ and "PMIX_RANK" in os.environ}
     json.dump(vars(a), open(os.path.join(a.out, "config.json"), "w"))
@@ -397,6 +399,7 @@ def test_sbatch_data_prep_then_train_stand_ins(cluster, fakes, tmp_path):
     final = json.loads((run / "final.json").read_text())
     assert final["world_size"] == 3 and final["rank_sum"] == 3 and final["omp"] == "1"
     assert final["epochs"] == 2 and final["extra"] == ["--lr", "0.5"]
+    assert (final["device"], final["threads"]) == ("auto", "auto")
     assert final["launched_by_srun"] is True
 
 
@@ -448,7 +451,7 @@ def test_sbatch_dry_run_inside_allocation_shows_srun(cluster, tmp_path):
     assert state == "COMPLETED", log
     assert commands(log)[-1] == (
         f"+ srun --mpi=pmix --kill-on-bad-exit=1 -n 3 {PY} -m mpifgl.train --shards {tmp_path} "
-        f"--out {tmp_path}/run --algo ours --seed 0")
+        f"--out {tmp_path}/run --algo ours --seed 0 --device auto --threads auto")
     assert not (tmp_path / "run").exists()
 
 
