@@ -15,17 +15,31 @@ from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option
+from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, explicit_dests, option
 from fgl_common.diskspace import DiskFullError, disk_full_error, is_disk_full
 
 from .api import PrepResult, run_prep
 from .config import PartitionConfig, PrepConfig, SyntheticConfig
+from .proxies import PROXIES, proxy
 from .verify import verify_shard_dir
 
 PROG = "data_prep"
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, OSError)
 SYNTHETIC_PREFIX = "syn-"
 NESTED = ("partition", "synthetic")  # PrepConfig fields that are configs with flags of their own
+
+
+@dataclass(frozen=True)
+class ProxyArgs:
+    """A preset of the --syn-* flags standing in for a graph of the paper (data_prep/proxies.py)."""
+
+    proxy: str = option("", "preset of the --syn-* flags for a synthetic stand-in of a real "
+                            "graph (" + ", ".join(PROXIES) + "): its size, feature width, "
+                            "classes, split and calibrated feature signal, homophily, skews and "
+                            "label noise (docs/paper_scale.md); --syn-* flags given as well "
+                            "override the preset")
+    scale: float = option(1.0, "with --syn-proxy: fraction of the real graph's nodes and edges "
+                               "(the mean degree stays the real graph's)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,14 +55,35 @@ def build_parser() -> argparse.ArgumentParser:
     skew = parser.add_argument_group("label-skew partition")
     add_dataclass_arguments(skew, PartitionConfig, exclude=("method",))
     syn = parser.add_argument_group("synthetic dataset (--dataset synthetic)")
+    add_dataclass_arguments(syn, ProxyArgs, SYNTHETIC_PREFIX)
     add_dataclass_arguments(syn, SyntheticConfig, SYNTHETIC_PREFIX)
     return parser
 
 
-def config_from_args(args: argparse.Namespace) -> PrepConfig:
+def synthetic_from_args(args: argparse.Namespace, explicit: set[str]) -> SyntheticConfig:
+    """The --syn-* flags; with --syn-proxy the preset at --syn-scale, then the flags given."""
+    given = dataclass_from_namespace(SyntheticConfig, args, SYNTHETIC_PREFIX)
+    preset = dataclass_from_namespace(ProxyArgs, args, SYNTHETIC_PREFIX)
+    if not preset.proxy:
+        if preset.scale != 1.0:
+            raise ValueError(f"--syn-scale {preset.scale} needs --syn-proxy (it scales a "
+                             f"preset's real size)")
+        return given
+    values = proxy(preset.proxy).config(preset.scale).as_dict()
+    for name, value in given.as_dict().items():
+        if SYNTHETIC_PREFIX.replace("-", "_") + name in explicit:
+            values[name] = value
+    if "syn_avg_degree" in explicit and "syn_edges" not in explicit:
+        values["edges"] = None  # --syn-avg-degree sets the edges again
+    values["split"] = tuple(values["split"])
+    return SyntheticConfig(**values)
+
+
+def config_from_args(args: argparse.Namespace, explicit: set[str] = frozenset()) -> PrepConfig:
+    """``explicit``: the destinations given on the command line (they override a preset)."""
     return dataclass_from_namespace(
         PrepConfig, args, partition=dataclass_from_namespace(PartitionConfig, args),
-        synthetic=dataclass_from_namespace(SyntheticConfig, args, SYNTHETIC_PREFIX))
+        synthetic=synthetic_from_args(args, set(explicit)))
 
 
 def format_summary(result: PrepResult) -> str:
@@ -76,7 +111,8 @@ def format_summary(result: PrepResult) -> str:
 
 
 def _prepare(argv: list[str]) -> int:
-    config = config_from_args(build_parser().parse_args(argv))
+    parser = build_parser()
+    config = config_from_args(parser.parse_args(argv), explicit_dests(parser, argv))
     result = run_prep(config)
     if config.show_progress:
         print(format_summary(result))

@@ -12,7 +12,7 @@ from typing import Any
 from fgl_common import shard_format
 
 from .catalog import normalise_dataset_name
-from .config import PartitionConfig, PrepConfig, SyntheticConfig
+from .config import DEFAULT_SPLIT, PartitionConfig, PrepConfig, SyntheticConfig
 from .datasets import load_dataset
 from .partition import partition_nodes
 from .verify import verify_shard_dir
@@ -43,6 +43,8 @@ def request_record(config: PrepConfig) -> dict[str, Any]:
         for knob in ("class_skew", "degree_skew", "label_noise"):
             if syn[knob] == 0:  # off: requests recorded before the knob existed still match
                 syn.pop(knob)
+        if tuple(syn["split"]) == DEFAULT_SPLIT:  # likewise for the 60/20/20 split
+            syn.pop("split")
         record["synthetic"] = syn
     return record
 

@@ -40,6 +40,9 @@ class SyntheticConfig:
                                      "features are drawn from their class, by the label of a "
                                      "random node (ambiguous categories as in ogbn-products); "
                                      "caps the attainable accuracy, in [0, 1]")
+    split: tuple[float, ...] = option((0.6, 0.2), "train,val fractions of the nodes inside every "
+                                                  "class, the rest is test (ogbn-products: "
+                                                  "0.0803,0.0161; Reddit: 0.6586,0.1023)")
     seed: int | None = option(None, "seed of the generator (default: --seed), so one graph can be "
                                     "partitioned with several seeds")
 
@@ -69,6 +72,11 @@ class SyntheticConfig:
             raise ValueError(f"--syn-degree-skew must be in [0, 2], got {self.degree_skew}")
         if not 0.0 <= self.label_noise <= 1.0:
             raise ValueError(f"--syn-label-noise must be in [0, 1], got {self.label_noise}")
+        if (len(self.split) != 2 or min(self.split) < 0
+                or sum(self.split) > 1 + 1e-9):
+            raise ValueError(f"--syn-split must be two fractions TRAIN,VAL >= 0 with "
+                             f"TRAIN + VAL <= 1 (the rest is test), got "
+                             f"{','.join(map(str, self.split))}")
         if self.avg_degree < 0:
             raise ValueError(f"--syn-avg-degree must be >= 0, got {self.avg_degree}")
         if self.edges is not None and self.edges < 0:
@@ -83,8 +91,18 @@ class SyntheticConfig:
                              f"(--syn-edges or --syn-nodes * --syn-avg-degree / 2), at most "
                              f"{max_edges} (half of all {n * (n - 1) // 2} node pairs) supported")
 
+    @property
+    def fractions(self) -> tuple[float, float, float]:
+        """train, val, test fractions of the split."""
+        train, val = self.split
+        return float(train), float(val), max(0.0, 1.0 - float(train) - float(val))
+
     def as_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
+                for f in fields(self)}
+
+
+DEFAULT_SPLIT = SyntheticConfig().split
 
 
 @dataclass(frozen=True)

@@ -155,10 +155,12 @@ def generate_synthetic(config: SyntheticConfig, split_seed: int,
         noisy = np.flatnonzero(rng.random(n) < config.label_noise)
         y[noisy] = y[rng.integers(0, n, noisy.shape[0])]
 
-    train, val, test = stratified_split(y, seed_stream(split_seed, "split"))
+    fractions = config.fractions
+    train, val, test = stratified_split(y, seed_stream(split_seed, "split"), fractions)
+    percent = "/".join(f"{100 * f:g}" for f in fractions)
     graph = GraphData(name="synthetic", adjacency=adjacency, x=x, y=y, train_mask=train,
                       val_mask=val, test_mask=test, num_classes=classes,
-                      split_rule=f"stratified-60/20/20 seed={split_seed}",
+                      split_rule=f"stratified-{percent} seed={split_seed}",
                       source={"generator": "stochastic block model, Gaussian class features, Zipf "
                                            "class sizes, log-normal degree weights, label noise",
                               **config.as_dict()})

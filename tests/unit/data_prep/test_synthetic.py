@@ -85,3 +85,29 @@ def test_label_noise_changes_labels_only():
 def test_knobs_validated(field, value, message):
     with pytest.raises(ValueError, match=message):
         SyntheticConfig(seed=0, **{field: value}).validate()
+
+
+def test_split_fractions_inside_every_class():
+    graph = generate(classes=4, split=(0.08, 0.02))
+    assert graph.split_rule == "stratified-8/2/90 seed=0"
+    for k in range(4):
+        members = graph.y == k
+        size = int(members.sum())
+        assert graph.train_mask[members].sum() == np.floor(size * 0.08 + 0.5)
+        assert graph.val_mask[members].sum() == np.floor(size * 0.10 + 0.5) - np.floor(
+            size * 0.08 + 0.5)
+    masks = np.stack([graph.train_mask, graph.val_mask, graph.test_mask])
+    assert np.all(masks.sum(axis=0) == 1)  # every node in exactly one split
+
+
+def test_split_leaves_the_graph_alone():
+    default, products = generate(**HARD), generate(split=(0.0803, 0.0161), **HARD)
+    assert default.split_rule == "stratified-60/20/20 seed=0"
+    assert (default.adjacency != products.adjacency).nnz == 0
+    assert np.array_equal(default.x, products.x) and np.array_equal(default.y, products.y)
+
+
+@pytest.mark.parametrize("split", [(0.7, 0.4), (-0.1, 0.2), (0.5,), (0.5, 0.2, 0.3)])
+def test_split_validated(split):
+    with pytest.raises(ValueError, match="--syn-split must be two fractions TRAIN,VAL"):
+        SyntheticConfig(seed=0, split=split).validate()

@@ -1,0 +1,224 @@
+"""What the paper-scale benchmarks share (``paper_configs.py``, ``sample_sweep.py``): the proxy
+shards, one training run as a subprocess, and a run directory read back as figures.
+
+Not a benchmark itself; imported by the two scripts (``benchmarks`` is on sys.path as a
+namespace package once the repository root is).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import mean, median
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from data_prep.proxies import proxy, proxy_options  # noqa: E402
+from fgl_common.launch import mpirun_path  # noqa: E402
+from study import rundir  # noqa: E402
+from study.catalog import METHODS  # noqa: E402
+from study.runner import subprocess_env  # noqa: E402
+
+MB = 2 ** 20
+CLIENTS = 8  # the paper's
+
+
+def variant(name: str, scale: float, overrides: dict[str, Any] | None = None) -> str:
+    """A proxy at a scale, with its generator overrides: names shard and run folders."""
+    suffix = "".join(f"-{k.replace('_', '')}{v:g}" for k, v in sorted((overrides or {}).items()))
+    return f"{name}-x{scale:g}{suffix}"
+
+
+def shard_dir(work: Path, name: str, scale: float, clients: int = CLIENTS,
+              overrides: dict[str, Any] | None = None) -> Path:
+    return work / "shards" / f"{variant(name, scale, overrides)}-random-m{clients}-s0"
+
+
+def parse_overrides(items: tuple[str, ...]) -> dict[str, Any]:
+    """``FIELD=VALUE`` items (``--set``) as generator overrides."""
+    values: dict[str, Any] = {}
+    for item in items:
+        name, _, text = item.partition("=")
+        if not text:
+            raise SystemExit(f"--set {item!r}: expected FIELD=VALUE")
+        values[name.strip()] = float(text) if any(c in text for c in ".e") else int(text)
+    return values
+
+
+def prepare(work: Path, name: str, scale: float, clients: int = CLIENTS,
+            overrides: dict[str, Any] | None = None) -> Path:
+    """The proxy's shards (random partition, seed 0), written once and reused when the
+    manifest holds the same request (``data_prep.api.prepare_shards``)."""
+    from data_prep.api import prepare_shards
+    out = shard_dir(work, name, scale, clients, overrides)
+    start = time.perf_counter()
+    manifest = prepare_shards("synthetic", clients, "random", 0, None, out, show_progress=False,
+                              **proxy_options(name, scale, **(overrides or {})))
+    print(f"shards {out}: {manifest['num_nodes']:,} nodes, {manifest['num_edges']:,} edges, "
+          f"train/val/test {manifest['num_train']:,}/{manifest['num_val']:,}/"
+          f"{manifest['num_test']:,} ({time.perf_counter() - start:.0f} s)", flush=True)
+    return out
+
+
+def method_flags(method: str) -> tuple[str, list[str]]:
+    """``--algo`` and flags of a method of the study's catalog (study/catalog.py)."""
+    spec = METHODS[method]
+    return spec.algo, list(spec.flags)
+
+
+def train_command(method: str, shards: Path, out: Path, flags: list[str],
+                  clients: int = CLIENTS) -> list[str]:
+    algo, extra = method_flags(method)
+    command = [sys.executable, "-m", "mpifgl.train", "--algo", algo, "--shards", str(shards),
+               "--out", str(out), "--force", *extra, *flags]
+    if METHODS[method].distributed:
+        command = [mpirun_path(), "-n", str(clients + 1), *command]
+    return command
+
+
+def run(command: list[str], out: Path, timeout: float, nice: int = 10) -> dict[str, Any]:
+    """Run one training command (its own process group, niced), unless ``out/final.json``
+    exists already (resume). Returns the driver's record: status, wall seconds, the command's
+    peak RSS (wait4: its largest process)."""
+    record_path = out / "driver.json"
+    if (out / "final.json").is_file() and record_path.is_file():
+        return json.loads(record_path.read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("final.json", "metrics.jsonl"):
+        (out / stale).unlink(missing_ok=True)
+    distributed = command[0] == mpirun_path()
+    env = subprocess_env(one_thread_per_rank=distributed)
+    print(f"   $ {shlex.join(command)}", flush=True)
+    start = time.perf_counter()
+    record: dict[str, Any] = {"command": command, "status": "done"}
+    with open(out.parent / f"{out.name}.log", "w") as log:
+        process = subprocess.Popen(command, env=env, cwd=REPO, stdout=log, stderr=log,
+                                   start_new_session=True,
+                                   preexec_fn=(lambda: os.nice(nice)) if nice else None)
+        deadline = time.monotonic() + timeout
+        while True:
+            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+            if pid:
+                code = os.waitstatus_to_exitcode(status)
+                record["process_peak_rss_mb"] = usage.ru_maxrss / 1024
+                if code != 0 or not (out / "final.json").is_file():
+                    record["status"] = f"failed (exit {code})"
+                break
+            if time.monotonic() > deadline:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                record["status"] = f"failed (timeout after {timeout:.0f} s)"
+                break
+            time.sleep(1.0)
+    record["wall_seconds"] = time.perf_counter() - start
+    record_path.write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+@dataclass
+class RunFigures:
+    """A run directory read back: the score, the curve and the cost."""
+
+    status: str
+    test: float | None = None  # test micro-F1 at the best validation epoch
+    val: float | None = None
+    best_epoch: int | None = None
+    epochs: int = 0
+    train_seconds: float | None = None  # median over epochs 2.. of max-over-ranks training time
+    eval_seconds: float | None = None  # median evaluation time (evaluated epochs)
+    sent_mb_per_client: float | None = None  # per training epoch, mean over clients
+    received_mb_per_client: float | None = None
+    exchange_sent_mb_per_client: float | None = None
+    peak_rss_max_mb: float | None = None
+    peak_rss_sum_mb: float | None = None
+    wall_seconds: float | None = None
+    curve: list[dict[str, float]] = field(default_factory=list)  # epoch, loss, F1 per split
+
+    @property
+    def last_loss(self) -> float | None:
+        return self.curve[-1]["loss"] if self.curve else None
+
+    @property
+    def last_test(self) -> float | None:
+        """Test micro-F1 of the last evaluated epoch (the model training ends with)."""
+        scored = [point["test"] for point in self.curve if "test" in point]
+        return scored[-1] if scored else None
+
+    def min_loss(self) -> float | None:
+        return min(point["loss"] for point in self.curve) if self.curve else None
+
+
+def read_run(out: Path) -> RunFigures:
+    driver = rundir.read_json(out / "driver.json") or {}
+    final = rundir.read_json(out / "final.json")
+    figures = RunFigures(driver.get("status", "missing" if final is None else "done"),
+                         wall_seconds=driver.get("wall_seconds"))
+    if final is not None:
+        figures.test, figures.val = final["test_micro_f1"], final["best_val_micro_f1"]
+        figures.best_epoch = final["best_epoch"]
+    records = rundir.read_metrics(out)
+    if not records:
+        return figures
+    figures.epochs = records[-1]["epoch"]
+    train, evaluation = [], []
+    for record in records:
+        ranks = record["per_rank"]
+        seconds = max(c + m for c, m in zip(ranks["compute_seconds"], ranks["comm_seconds"]))
+        train.append(seconds)
+        if "test_micro_f1" in record:
+            evaluation.append(record["epoch_seconds"] - seconds)
+        point = {"epoch": record["epoch"], "loss": record["loss"]}
+        point.update({s: record[f"{s}_micro_f1"] for s in ("train", "val", "test")
+                      if f"{s}_micro_f1" in record})
+        figures.curve.append(point)
+    figures.train_seconds = median(train[1:] or train)
+    figures.eval_seconds = median(evaluation) if evaluation else None
+    training = [r for r in records if "test_micro_f1" not in r] or records
+    ranks = len(training[0]["per_rank"]["bytes_sent"])
+    if ranks > 1:  # rank 0 is the server
+        def per_client(name: str) -> float:
+            return mean(mean(r["per_rank"][name][k] for r in training)
+                        for k in range(1, ranks)) / MB
+        figures.sent_mb_per_client = per_client("bytes_sent")
+        figures.received_mb_per_client = per_client("bytes_received")
+        figures.exchange_sent_mb_per_client = per_client("exchange_bytes_sent")
+    rss = records[-1]["per_rank"]["peak_rss_mb"]
+    figures.peak_rss_max_mb, figures.peak_rss_sum_mb = max(rss), sum(rss)
+    return figures
+
+
+def plot_curves(runs: dict[str, Path], path: Path, title: str) -> None:
+    """Test micro-F1 and training loss per epoch of each run (matplotlib, one PNG)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for label, out in runs.items():
+        curve = read_run(out).curve
+        if not curve:
+            continue
+        scored = [p for p in curve if "test" in p]
+        left.plot([p["epoch"] for p in scored], [100 * p["test"] for p in scored], label=label)
+        right.plot([p["epoch"] for p in curve], [p["loss"] for p in curve], label=label)
+    left.set(xlabel="epoch", ylabel="test micro-F1 (%)", title=title)
+    right.set(xlabel="epoch", ylabel="training loss", yscale="log", title="training loss")
+    left.grid(alpha=0.3)
+    right.grid(alpha=0.3)
+    left.legend(fontsize=7)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def paper_sample_size(name: str, scale: float) -> int:
+    return proxy(name).sample_size_at(scale)
