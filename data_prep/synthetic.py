@@ -114,8 +114,6 @@ def generate_synthetic(config: SyntheticConfig, split_seed: int,
     with bar(f"synthetic: sampling {target:,} edges", target, show_progress) as count:
         for round_index in range(MAX_SAMPLING_ROUNDS):
             missing = target - keys.shape[0]
-            if missing <= 0:
-                break
             # Oversample a little: self loops and repeated pairs are dropped afterwards.
             draw = int(missing * 1.02) + 64
             parts = [keys]
@@ -126,6 +124,8 @@ def generate_synthetic(config: SyntheticConfig, split_seed: int,
             del parts
             count.n = min(target, keys.shape[0])  # distinct edges kept
             count.refresh()
+            if keys.shape[0] >= target:  # checked after the round: the last one may finish
+                break
         else:
             raise ValueError(f"synthetic graph: could not place {target} distinct edges among "
                              f"{n} nodes with homophily {config.homophily} and {classes} classes "
