@@ -56,6 +56,12 @@ class TrainConfig:
     sample_size: int = option(0, "draws s per step over all clients, split s_i = n_i s / n; "
                                  "0: a quarter of the nodes, rounded up (so 4 steps make a pass)")
     no_normalize: bool = option(False, "drop the 1/p(u) normalisation (the ablation ours*)")
+    exact_first_layer: bool = option(False, "the first layer aggregates every neighbour, not only "
+                                            "the step's sample: its input's propagation holds no "
+                                            "weight, so it is computed once at set-up (one "
+                                            "full-graph exchange of the input features) and the "
+                                            "sample estimates the layers above; fewer bytes per "
+                                            "step. See docs/paper_scale.md")
     exchange: str = option("compact", "how the server sums the cross-client terms: " + "; ".join(
         f"{e.name} = {e.summary}" for e in EXCHANGES.values()) + ". See docs/training.md",
                            tuple(EXCHANGES))

@@ -47,6 +47,9 @@ class LayerOperator:
     col_scale: torch.Tensor
     self_scale: torch.Tensor
     exchange: Any = None
+    # --exact-first-layer: the first layer's propagation of its input over EVERY neighbour,
+    # row_scale * (A (col_scale * x)) with p = 1, for the rows [k, in_dim]; None: propagated
+    input_aggregate: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,13 @@ class GraphLayer(nn.Module):
         aggregated = self.propagate(y, op)
         del y  # before update recomputes M(z): two [k, d] tensors at a time
         return self.update(aggregated, z, None, op)
+
+    def forward_aggregated(self, z: Features, aggregate: torch.Tensor,
+                           op: LayerOperator) -> torch.Tensor:
+        """The layer on an input whose propagation is done: ``aggregate`` = row_scale * (A
+        (col_scale * z)). M is linear, so the propagation of M(z) is M of the aggregate."""
+        message = self.message(z) if torch.is_grad_enabled() else None
+        return self.update(self.message(aggregate), z, message, op)
 
 
 class GCNLayer(GraphLayer):
@@ -278,9 +288,16 @@ class GNN(nn.Module):
         Dropout applies when ``rng`` is given (training) and the model is in train mode."""
         z = x
         for k, layer in enumerate(self.layers):
-            if rng is not None and self.training:
+            training = rng is not None and self.training
+            if training:
                 z = dropout(z, self.dropout_p, rng)
-            z = layer(z, op)
+            if k == 0 and op.input_aggregate is not None:
+                aggregate = op.input_aggregate
+                if training:  # the aggregate's own draws: it replaces the input's propagation
+                    aggregate = dropout(aggregate, self.dropout_p, rng)
+                z = layer.forward_aggregated(z, aggregate, op)
+            else:
+                z = layer(z, op)
             if k < len(self.layers) - 1:
                 z = torch.relu(z) if torch.is_grad_enabled() else torch.relu_(z)
         return z

@@ -281,6 +281,10 @@ class SparseFeatures:
     def nnz(self) -> int:
         return int(self.matrix.nnz)
 
+    def dense(self) -> torch.Tensor:
+        """The rows as a dense tensor of the features' dtype."""
+        return torch.from_numpy(self.matrix.toarray()).to(self.dtype)
+
     def linear(self, weight: torch.Tensor) -> torch.Tensor:
         """X W^T with autograd for W."""
         return _SparseInputLinear.apply(weight, self)

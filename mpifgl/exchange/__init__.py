@@ -62,10 +62,11 @@ class CrossClientSums:
         self._next_forward = 0
         self._next_backward = -1
 
-    def attach(self, model: "GNN") -> None:
-        """Give every propagation of ``model``'s layers its hook, numbered in forward order."""
+    def attach(self, model: "GNN", first: int = 0) -> None:
+        """Give every propagation of ``model``'s layers from layer ``first`` on its hook,
+        numbered in forward order (layers before ``first`` do not propagate per step)."""
         self.widths = []
-        for layer in model.layers:
+        for layer in list(model.layers)[first:]:
             hooks = []
             for width in layer.propagated_widths():
                 hooks.append(_Hook(self, len(self.widths)))
@@ -82,6 +83,11 @@ class CrossClientSums:
         index) of the schedule (--secure keeps each slot's range from one pass to the next)."""
         self.purpose = purpose
         self._next_forward, self._next_backward = 0, len(self.widths) - 1
+
+    def once(self, plan: CrossExchangePlan, y: torch.Tensor, total: torch.Tensor) -> None:
+        """A sum outside the schedule, once per run (collective; the server passes y of shape
+        [0, d]): total += the sum of y's cross-client terms (``--exact-first-layer``'s input)."""
+        self.exchange.run(plan, y, ("setup", "forward", 0), total)
 
     def server_pass(self, plan: CrossExchangePlan, backward: bool) -> None:
         """The server's side of one forward pass (and, training, its backward): every sum of

@@ -24,6 +24,7 @@ from mpifgl.config import TrainConfig
 from mpifgl.exchange import CrossClientSums, build_exchange
 from mpifgl.graph import build_operator
 from mpifgl.model import LayerOperator, flatten, gradients, make_features, select_rows, unflatten
+from mpifgl.operators import SparseFeatures
 from mpifgl.sampling import (NodeSample, NodeSampler, client_sample_sizes, make_distribution,
                              steps_for_sample)
 from mpifgl.trainer import RankSetup
@@ -86,12 +87,15 @@ class GNNMethod:
         self.model, self.optimizer = setup.gnn_and_optimizer()
         self.exchanged = not comm.is_single_process  # cross-client terms go through the server
         self.cross_sums = None
+        # --exact-first-layer: the first layer takes its input's aggregate, computed once
+        first = 1 if config.exact_first_layer else 0
         if self.exchanged:
-            widths = [layer.out_dim for layer in self.model.layers]
+            widths = [layer.out_dim for layer in self.model.layers] + \
+                ([graph.x.shape[1]] if first else [])
             self.cross_sums = CrossClientSums(build_exchange(
                 comm, config.exchange, int(config.exchange_buffer_mb * 2 ** 20), max(widths),
                 self.dtype, setup.masking))
-            self.cross_sums.attach(self.model)
+            self.cross_sums.attach(self.model, first)
         if sampler is not None:
             config = sampler.resolved(config)
         if config.steps_per_epoch == 0:
@@ -99,6 +103,23 @@ class GNNMethod:
         self.config = config
         self.full_operator = self.prepared(build_operator(graph, config.backbone, None, None,
                                                          self.dtype, self.exchanged, self.device))
+        self.input_aggregate = None
+        if config.exact_first_layer:
+            self.input_aggregate = self.aggregate_input()
+            self.full_operator.input_aggregate = self.input_aggregate
+
+    def aggregate_input(self) -> torch.Tensor:
+        """row_scale * (A (col_scale * x)) over every neighbour, with the first layer's scales
+        and p = 1: the first layer's propagation of its input, which holds no weight (collective:
+        one full-graph exchange of the input features, masked with --secure)."""
+        op = self.full_operator
+        x = self.x.dense() if isinstance(self.x, SparseFeatures) else self.x
+        with torch.no_grad():
+            y = x * op.col_scale
+            total = op.inner @ y
+            if self.cross_sums is not None:
+                self.cross_sums.once(op.exchange, y, total)
+            return total.mul_(op.row_scale)
 
     def prepared(self, operator: LayerOperator) -> LayerOperator:
         """Agree on the operator's exchange chunks with the other ranks (collective: the compact
@@ -154,6 +175,8 @@ class GNNMethod:
         operator = self.prepared(build_operator(self.graph, self.config.backbone, samples,
                                                 probability, self.dtype, self.exchanged,
                                                 self.device))
+        if self.input_aggregate is not None:
+            operator.input_aggregate = torch.index_select(self.input_aggregate, 0, operator.rows)
         return operator, int(table[:, 1].sum())
 
     def loss_and_gradients(self, operator: LayerOperator, global_train_rows: int) -> float:

@@ -64,7 +64,7 @@ def operator_logits(comm, gnn, operator, num_classes: int) -> np.ndarray:
     """After a step on ``operator``: this client's logits of the operator's rows (eval mode,
     float64); the server runs its side of the forward's exchanges and has no rows."""
     gnn.start_pass("eval")
-    if comm.is_server:
+    if not comm.is_client:
         gnn.cross_sums.server_pass(operator.exchange, backward=False)
         return np.zeros((0, num_classes))
     gnn.model.eval()

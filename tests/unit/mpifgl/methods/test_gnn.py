@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from fgl_common.shard_format import read_manifest
+from fgl_common.shard_format import load_client_shard, read_manifest, shard_filename
 from mpifgl.communicator import LocalComm
 from mpifgl.config import TrainConfig
 from mpifgl.graph import ClientGraph
 from mpifgl.methods import build_trainer
+from mpifgl.model import select_rows
 from mpifgl.registry import EXCHANGES
 from mpifgl.sampling import NodeSample
 from tests.helpers.exactness import (TOLERANCE, assert_close, centralized_reference, fixed_sample,
@@ -122,3 +123,69 @@ def test_a_sample_over_capacity_is_refused_naming_the_client(toy_graph, tmp_path
     with pytest.raises(ValueError, match=f"a sample of {too_many.shape[0]} nodes on client 0, "
                                          f"expected at most {gnn.sample_capacity()}"):
         gnn.operator_for_sample(NodeSample(too_many, np.ones(too_many.shape[0])))
+
+
+# -- --exact-first-layer ----------------------------------------------------------------------
+def merged_sample(manifest) -> NodeSample:
+    """The probe's fixed sample of every client, in the merged graph's client order."""
+    samples = fixed_sample(manifest.client_sizes())
+    starts = np.concatenate([[0], np.cumsum(manifest.client_sizes())])
+    return NodeSample(np.concatenate([starts[j] + s.index for j, s in enumerate(samples)]),
+                      np.concatenate([s.probability for s in samples]))
+
+
+@pytest.mark.parametrize("backbone,secure", [("gcn", False), ("1gnn", True)])
+def test_exact_first_layer_distributed_equals_centralized(toy_graph, tmp_path, backbone, secure):
+    """A sampled step with the first layer's input aggregate computed at set-up (one masked
+    exchange with --secure): every rank's loss, gradients and logits equal one process's."""
+    shard_dir = write_shards(toy_graph, random_parts(toy_graph.num_nodes, 3, seed=4),
+                             tmp_path / "shards")
+    config = config_for(shard_dir, backbone=backbone, exact_first_layer=True, secure=secure)
+    manifest = read_manifest(shard_dir)
+
+    def body(comm):
+        gnn, graph, _ = method_of(comm, shard_dir, config)
+        own = fixed_sample(manifest.client_sizes())[comm.client_id] if comm.is_client else None
+        operator, train_rows = gnn.operator_for_sample(own)
+        loss = gnn.loss_and_gradients(operator, train_rows)
+        logits, _ = gather_in_global_order(
+            comm, operator_logits(comm, gnn, operator, manifest.num_classes),
+            graph.global_id[operator.rows.numpy()])
+        return loss, flat_grads(gnn.model), logits
+
+    found = ThreadWorld(4).run(body)[0]
+    merged = ClientGraph.merged([load_client_shard(shard_dir / shard_filename(i))
+                                 for i in range(3)])
+    gnn = build_trainer(config.replace(secure=False), LocalComm(), merged,
+                        manifest.num_classes).method
+    operator, train_rows = gnn.operator_for_sample(merged_sample(manifest))
+    loss = gnn.loss_and_gradients(operator, train_rows)
+    logits = operator_logits(LocalComm(), gnn, operator, manifest.num_classes)
+    order = np.argsort(merged.global_id[operator.rows.numpy()])
+    for name, a, b in zip(("loss", "grads", "logits"), found,
+                          (loss, flat_grads(gnn.model), logits[order])):
+        assert_close(a, b, TOLERANCE["float64"], f"{backbone} {name}")
+
+
+@pytest.mark.parametrize("backbone", ["gcn", "1gnn"])
+def test_the_exact_first_layer_is_the_full_graph_layer_on_the_sampled_rows(toy_graph, tmp_path,
+                                                                         backbone):
+    """Its output on a sample's rows is the full-graph first layer's, bit for bit in float64
+    up to rounding (1e-12), and the full-graph model is the plain one; the sums it leaves per
+    step are those of the layers above."""
+    shard_dir = write_shards(toy_graph, random_parts(toy_graph.num_nodes, 1), tmp_path / "s")
+    manifest = read_manifest(shard_dir)
+    graph = ClientGraph.merged([load_client_shard(shard_dir / shard_filename(0))])
+    exact, _, _ = method_of(LocalComm(), shard_dir, config_for(shard_dir, backbone=backbone,
+                                                              exact_first_layer=True))
+    plain, _, _ = method_of(LocalComm(), shard_dir, config_for(shard_dir, backbone=backbone))
+    operator, _ = exact.operator_for_sample(merged_sample(manifest))
+    first = exact.model.layers[0]
+    with torch.no_grad():
+        full = first(exact.x, plain.full_operator)
+        sampled = first.forward_aggregated(select_rows(exact.x, operator.rows),
+                                           operator.input_aggregate, operator)
+        torch.testing.assert_close(sampled, full[operator.rows], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(exact.full_logits(), plain.full_logits(), rtol=1e-12,
+                                   atol=1e-12)
+    assert graph.num_nodes == exact.input_aggregate.shape[0]
