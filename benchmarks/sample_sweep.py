@@ -5,17 +5,19 @@ nodes drawn per epoch fixed, the steps per epoch k varied, each step drawing s =
     python benchmarks/sample_sweep.py --work /work/scratch/sweep
         [--proxy products] [--scale 0.025] [--steps 1,2,3,4,6,8,12] [--nodes-per-epoch 0]
         [--epochs 100] [--eval-every 5] [--seeds 0] [--lr 0.01] [--layers 0]
-        [--references centralized,ours-full] [--report-only] [-- EXTRA mpifgl.train FLAGS]
+        [--references centralized,ours-full] [--sampler-flags=--exact-first-layer]
+        [--report-only] [-- EXTRA mpifgl.train FLAGS]
 
 For every k of ``--steps``: ``mpirun -n 9 python -m mpifgl.train`` (ours, label-guided) with
 ``--steps-per-epoch k --sample-size N/k`` (N = ``--nodes-per-epoch``, 0: the graph's n, one
 pass over the nodes per epoch), the paper's depth for the proxy (``--layers`` 0) and hidden 128,
 dropout 0.2, for ``--epochs`` epochs; plus the full-batch references (centralized in one process,
-ours-full over MPI). Printed and written to WORK/sweep-<proxy>-x<scale>.md: per k, test micro-F1 at the best
-validation epoch (mean over seeds), the best epoch, the lowest training loss, seconds per
-training epoch (max over ranks of compute + communication, median over epochs 2..E) and its
-communication share, MB a client sends per epoch, peak RSS of the largest rank; the curves in
-WORK/sweep-<proxy>-x<scale>.png. Flags after ``--`` go to every ``mpifgl.train``. Resumable like
+ours-full over MPI). Printed and written to WORK/sweep-<proxy>-x<scale>[-<sampler flags>].md:
+per k, test micro-F1 at the best validation epoch (mean over seeds), the best epoch, the
+lowest training loss, seconds per training epoch (max over ranks of compute + communication,
+median over epochs 2..E) and its communication share, MB a client sends per epoch, peak RSS of
+the largest rank; the curves in WORK/sweep-<proxy>-x<scale>[-<sampler flags>].png.
+``--sampler-flags`` go to the k runs only (the references stay shared between sweeps). Flags after ``--`` go to every ``mpifgl.train``. Resumable like
 paper_configs.py. Asserts nothing.
 """
 from __future__ import annotations
@@ -51,6 +53,9 @@ class SweepArgs:
     references: tuple[str, ...] = option(("centralized", "ours-full"), "full-batch reference "
                                          "methods run once per seed", ("centralized",
                                                                        "ours-full"))
+    sampler_flags: tuple[str, ...] = option((), "extra mpifgl.train flags of the k runs only, "
+                                                "comma-separated (e.g. --exact-first-layer); "
+                                                "they name those runs' folders and the outputs")
     timeout: float = option(86400.0, "seconds after which a run is killed")
     report_only: bool = option(False, "write the table from the runs present")
 
@@ -67,9 +72,18 @@ def sample_size(args: SweepArgs, k: int) -> int:
     return max(1, per_epoch(args) // k)
 
 
+def tag(args: SweepArgs) -> str:
+    """What --sampler-flags add to the names of the k runs and of the outputs."""
+    return "".join(f"-{flag.lstrip('-')}" for flag in args.sampler_flags)
+
+
 def run_dir(args: SweepArgs, label: str, seed: int) -> Path:
     return (args.work / "runs" / variant(args.proxy, args.scale, parse_overrides(args.set))
             / f"{label}-s{seed}")
+
+
+def k_label(args: SweepArgs, k: int) -> str:
+    return f"k{k}{tag(args)}"
 
 
 def common_flags(args: SweepArgs, seed: int, extra: list[str]) -> list[str]:
@@ -82,8 +96,9 @@ def execute(args: SweepArgs, extra: list[str]) -> None:
     shards = prepare(args.work, args.proxy, args.scale, overrides=parse_overrides(args.set))
     for seed in args.seeds:
         for k in args.steps:
-            out = run_dir(args, f"k{k}", seed)
-            flags = ["--steps-per-epoch", str(k), "--sample-size", str(sample_size(args, k))]
+            out = run_dir(args, k_label(args, k), seed)
+            flags = ["--steps-per-epoch", str(k), "--sample-size", str(sample_size(args, k)),
+                     *args.sampler_flags]
             record = run(train_command("ours", shards, out, flags + common_flags(args, seed,
                                                                                  extra)),
                          out, args.timeout)
@@ -122,7 +137,8 @@ def table(args: SweepArgs) -> str:
              "| run | s per step | s / n | test micro-F1 (%) | best epoch | last epoch's test | "
              "lowest loss | s / training epoch | of it communication | MB sent / client / epoch "
              "| peak RSS max rank (MB) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    labels = [(f"k{k}", f"k = {k}", sample_size(args, k)) for k in args.steps]
+    flags = "".join(f" {flag}" for flag in args.sampler_flags)
+    labels = [(k_label(args, k), f"k = {k}{flags}", sample_size(args, k)) for k in args.steps]
     labels += [(m, m, None) for m in args.references]
     for label, shown, size in labels:
         runs = [read_run(run_dir(args, label, s)) for s in args.seeds]
@@ -160,13 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         execute(args, extra)
     text = table(args)
-    name = variant(args.proxy, args.scale, parse_overrides(args.set))
+    name = variant(args.proxy, args.scale, parse_overrides(args.set)) + tag(args)
     (args.work / f"sweep-{name}.md").write_text(text + "\n")
     print(text)
-    runs = {f"k = {k} (s = {sample_size(args, k):,})": run_dir(args, f"k{k}", args.seeds[0])
+    runs = {f"k = {k} (s = {sample_size(args, k):,})": run_dir(args, k_label(args, k),
+                                                               args.seeds[0])
             for k in args.steps}
     runs.update({m: run_dir(args, m, args.seeds[0]) for m in args.references})
-    name = variant(args.proxy, args.scale, parse_overrides(args.set))
     plot_curves(runs, args.work / f"sweep-{name}.png", f"{name}: steps per epoch k, s = N / k")
     print(f"curves: {args.work / f'sweep-{name}.png'}")
     return 0

@@ -21,6 +21,7 @@ DTYPES = ("float32", "float64")
 # --secure masks the compact exchange of the distributed GNN (docs/privacy.md says why no other)
 SECURE_ALGOS = maskable(METHODS)
 SECURE_EXCHANGES = maskable(EXCHANGES)
+EXACT_FIRST_ALGOS = tuple(name for name, method in METHODS.items() if method.whole_graph_gnn)
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,10 @@ class TrainConfig:
             raise ValueError(f"--secure with --exchange {self.exchange!r}: expected --exchange "
                              "compact (the dense and Reduce-tree modes are not masked; "
                              "docs/privacy.md says why)")
+        if self.exact_first_layer and self.algo not in EXACT_FIRST_ALGOS:
+            raise ValueError(f"--exact-first-layer with --algo {self.algo!r}: expected --algo "
+                             f"one of {', '.join(EXACT_FIRST_ALGOS)} (the methods that train "
+                             "the whole-graph model; the others aggregate their own way)")
         need(self.sample_size >= 0, "sample-size", self.sample_size, "an integer >= 0")
         need(self.steps_per_epoch >= 0, "steps-per-epoch", self.steps_per_epoch,
              "an integer >= 1, or 0 for one pass over the nodes per epoch")

@@ -40,6 +40,8 @@ class Method(Entry):
     ``TrainingMethod``."""
 
     distributed: bool = True  # runs under mpirun (server + clients); else in one process
+    # trains mpifgl.model's GNN through methods.gnn.GNNMethod (so --exact-first-layer applies)
+    whole_graph_gnn: bool = False
     # Flag defaults of this method that differ from TrainConfig's; an explicit flag wins.
     defaults: tuple[tuple[str, Any], ...] = ()
 
@@ -55,12 +57,13 @@ def _table(*entries: Entry) -> dict[str, Any]:
 
 METHODS: dict[str, Method] = _table(
     Method("ours", "mpifgl.methods.gnn:build_gnn",
-           "distributed GNN with cross-client exchange and label-guided sampling", maskable=True),
+           "distributed GNN with cross-client exchange and label-guided sampling", maskable=True,
+           whole_graph_gnn=True),
     # The reference is full batch (the paper's centralized GCN); --sampling label|uniform makes
     # it ``ours`` in one process, to check the sampler without MPI.
     Method("centralized", "mpifgl.methods.gnn:build_gnn",
            "the same model code on the whole graph in one process, full batch",
-           distributed=False, defaults=(("sampling", "none"),)),
+           distributed=False, defaults=(("sampling", "none"),), whole_graph_gnn=True),
     Method("graphsage", "mpifgl.methods.sampled:GraphSAGEMethod",
            "centralized GraphSAGE with neighbour sampling (Hamilton et al., 2017)",
            distributed=False),
@@ -73,7 +76,7 @@ METHODS: dict[str, Method] = _table(
            "FedAvg with a random share of cross-client neighbours collected"),
     Method("bns", "mpifgl.methods.bns:build_bns",
            "BNS-GCN boundary-node sampling in the distributed model (Wan et al., MLSys 2022)",
-           maskable=True),
+           maskable=True, whole_graph_gnn=True),
 )
 
 BACKBONES: dict[str, Entry] = _table(

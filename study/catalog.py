@@ -41,6 +41,8 @@ METHODS = {m.name: m for m in (
     Method("bns", "BNS-GCN", "bns"),
     Method("ours-full", "ours-full", "ours", ("--sampling", "none")),  # no sampling
     Method("ours-star", "ours*", "ours", ("--no-normalize",)),  # sampling without 1/p
+    # beyond the paper: layer 1 aggregated exactly once at set-up, sampling above it
+    Method("ours-exact1", "ours, exact layer 1", "ours", ("--exact-first-layer",)),
     # the masked exchange and sums (docs/privacy.md): what privacy costs in time and bytes
     Method("ours-secure", "Ours (GCN, --secure)", "ours", ("--secure",)),
 )}

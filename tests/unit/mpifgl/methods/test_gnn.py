@@ -15,10 +15,10 @@ from mpifgl.graph import ClientGraph
 from mpifgl.methods import build_trainer
 from mpifgl.model import select_rows
 from mpifgl.registry import EXCHANGES
-from mpifgl.sampling import NodeSample
+from mpifgl.sampling import NodeSample, NodeSampler
 from tests.helpers.exactness import (TOLERANCE, assert_close, centralized_reference, fixed_sample,
                                      flat_grads, gather_in_global_order, operator_logits)
-from tests.helpers.graphs import random_parts, write_shards
+from tests.helpers.graphs import random_graph, random_parts, write_shards
 from tests.helpers.thread_comm import ThreadWorld
 
 
@@ -189,3 +189,52 @@ def test_the_exact_first_layer_is_the_full_graph_layer_on_the_sampled_rows(toy_g
         torch.testing.assert_close(exact.full_logits(), plain.full_logits(), rtol=1e-12,
                                    atol=1e-12)
     assert graph.num_nodes == exact.input_aggregate.shape[0]
+
+
+@pytest.mark.timeout(120)
+def test_with_the_exact_first_layer_two_layers_of_logits_are_unbiased(tmp_path):
+    """Averaged over many samples, a sampled node's 2-layer GCN logits (eval mode) converge to its
+    full-graph logits when the first layer is exact: the only estimate left is the second
+    layer's 1/p-scaled sum over exact first-layer outputs. With eq. 4 in both layers the ReLU of
+    a noisy first layer biases them. Statistic as in test_sampling: mean z^2 of (sample mean -
+    full) / standard error, over the entries of nodes seen >= 100 times that vary (an isolated
+    node's logits are deterministic: they must match); about 1 if unbiased. 600 nodes and 150
+    draws keep the conditional bias of drawing with replacement (order 1/s) inside."""
+    graph = random_graph(n=600, avg_degree=5, d=7, classes=3, seed=11, isolated=2)
+    shard_dir = write_shards(graph, random_parts(graph.num_nodes, 1), tmp_path / "s")
+    n, draws = graph.num_nodes, 150
+    mean_z2 = {}
+    for exact_first in (True, False):
+        gnn, _, manifest = method_of(LocalComm(), shard_dir, config_for(
+            shard_dir, sampling="label", exact_first_layer=exact_first, hidden=8,
+            sample_size=draws))
+        full = gnn.full_logits().detach().numpy()
+        sampler = NodeSampler(np.full(n, 1.0 / n), draws, np.random.default_rng(5))
+        first, second, counts = np.zeros_like(full), np.zeros_like(full), np.zeros(n)
+        for _ in range(800):
+            operator, _ = gnn.operator_for_sample(sampler.sample())
+            rows = operator.rows.numpy()
+            logits = operator_logits(LocalComm(), gnn, operator, manifest.num_classes)
+            first[rows] += logits
+            second[rows] += logits ** 2
+            counts[rows] += 1
+        seen = counts >= 100
+        assert seen.mean() > 0.95
+        k = counts[seen][:, None]
+        mean = first[seen] / k
+        variance = np.maximum(second[seen] / k - mean ** 2, 0.0) * k / (k - 1)
+        varies = variance > 1e-20
+        np.testing.assert_allclose(mean[~varies], full[seen][~varies], atol=1e-12)
+        z2 = (mean - full[seen]) ** 2 / (variance / k)
+        mean_z2[exact_first] = float(np.mean(z2[varies]))
+    assert mean_z2[True] < 1.5, mean_z2
+    assert mean_z2[False] > 10, mean_z2
+
+
+@pytest.mark.parametrize("algo", ["fedavg", "fedavg-nc", "graphsage", "graphsaint"])
+def test_the_exact_first_layer_is_refused_where_the_whole_graph_model_is_not_trained(algo):
+    with pytest.raises(ValueError, match=f"--exact-first-layer with --algo '{algo}': expected "
+                                         "--algo one of ours, centralized, bns"):
+        TrainConfig(algo=algo, exact_first_layer=True).validate()
+    for allowed in ("ours", "centralized", "bns"):
+        TrainConfig(algo=allowed, exact_first_layer=True).validate()
