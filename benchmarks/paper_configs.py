@@ -29,7 +29,6 @@ Asserts nothing.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from dataclasses import dataclass
@@ -37,10 +36,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.paper_runs import (paper_sample_size, plot_curves, prepare, read_run,  # noqa: E402
-                                   run, train_command)
+from benchmarks.paper_runs import (paper_sample_size, parse_arguments, plot_curves,  # noqa: E402
+                                   prepare, read_run, run, train_command)
 from data_prep.proxies import PROXIES, proxy  # noqa: E402
-from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option  # noqa: E402
+from fgl_common.cli import option  # noqa: E402
 from study.catalog import METHODS, label_of  # noqa: E402
 from study.plan import LR_GRID  # noqa: E402
 
@@ -160,7 +159,8 @@ def table(args: PaperConfigArgs) -> str:
         scale = scale_of(args, name)
         lines += [f"### {name} proxy x{scale:g} ({spec.config(scale).nodes:,} nodes, "
                   f"{spec.layers} layers, s = {paper_sample_size(name, scale):,} for the "
-                  f"sampled ones, {epochs_of(args, name)} epochs, evaluation every {args.eval_every})",
+                  f"sampled ones, {epochs_of(args, name)} epochs, evaluation every "
+                  f"{args.eval_every})",
                   "",
                   "| method | paper | measured (mean ± std) | seeds | lr | best epoch | "
                   "last epoch's test | s / training epoch | MB sent / client / epoch | "
@@ -210,12 +210,7 @@ def curves(args: PaperConfigArgs) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_dataclass_arguments(parser, PaperConfigArgs)
-    args = dataclass_from_namespace(PaperConfigArgs, parser.parse_args(argv))
+    parser, args, extra = parse_arguments(PaperConfigArgs, argv, __doc__.split("\n\n")[0])
     if not args.seeds or not args.lrs or not args.methods:
         parser.error("--seeds, --lrs and --methods need at least one value each")
     for item in args.method_flags:

@@ -6,6 +6,7 @@ namespace package once the repository root is).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shlex
@@ -23,6 +24,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from data_prep.proxies import proxy, proxy_options  # noqa: E402
+from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace  # noqa: E402
 from fgl_common.launch import mpirun_path  # noqa: E402
 from study import rundir  # noqa: E402
 from study.catalog import METHODS  # noqa: E402
@@ -222,3 +224,15 @@ def plot_curves(runs: dict[str, Path], path: Path, title: str) -> None:
 
 def paper_sample_size(name: str, scale: float) -> int:
     return proxy(name).sample_size_at(scale)
+
+
+def parse_arguments(args_class: type, argv: list[str] | None, description: str):
+    """``args_class`` from the command line, the flags after ``--`` apart (they go to every
+    ``mpifgl.train``): returns (parser, args, extra)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(description=description)
+    add_dataclass_arguments(parser, args_class)
+    return parser, dataclass_from_namespace(args_class, parser.parse_args(argv)), extra
+

@@ -17,12 +17,11 @@ per k, test micro-F1 at the best validation epoch (mean over seeds), the best ep
 lowest training loss, seconds per training epoch (max over ranks of compute + communication,
 median over epochs 2..E) and its communication share, MB a client sends per epoch, peak RSS of
 the largest rank; the curves in WORK/sweep-<proxy>-x<scale>[-<sampler flags>].png.
-``--sampler-flags`` go to the k runs only (the references stay shared between sweeps). Flags after ``--`` go to every ``mpifgl.train``. Resumable like
-paper_configs.py. Asserts nothing.
+``--sampler-flags`` go to the k runs only (the references stay shared between sweeps); flags
+after ``--`` go to every ``mpifgl.train``. Resumable like paper_configs.py. Asserts nothing.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from dataclasses import dataclass
@@ -30,10 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.paper_runs import (parse_overrides, plot_curves, prepare, read_run, run,  # noqa: E402
-                                   train_command, variant)
+from benchmarks.paper_runs import (parse_arguments, parse_overrides, plot_curves,  # noqa: E402
+                                   prepare, read_run, run, train_command, variant)
 from data_prep.proxies import PROXIES, proxy  # noqa: E402
-from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option  # noqa: E402
+from fgl_common.cli import option  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -164,12 +163,7 @@ def table(args: SweepArgs) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_dataclass_arguments(parser, SweepArgs)
-    args = dataclass_from_namespace(SweepArgs, parser.parse_args(argv))
+    parser, args, extra = parse_arguments(SweepArgs, argv, __doc__.split("\n\n")[0])
     if not args.steps or min(args.steps) < 1 or not args.seeds:
         parser.error("--steps needs integers >= 1 and --seeds at least one seed")
     args.work.mkdir(parents=True, exist_ok=True)

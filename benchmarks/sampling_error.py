@@ -176,7 +176,6 @@ def measure(args: ErrorArgs, graph: Graph, x, y, train_mask, model: Net, previou
     model.eval()
     exact = full_preactivations(model, graph, x)
     exact_grad_cache = {}
-    rng = np.random.default_rng([args.seed, 1])
     results = []
     for fraction in args.fractions:
         s = max(1, round(fraction * graph.n))

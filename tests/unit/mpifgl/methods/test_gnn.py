@@ -38,13 +38,9 @@ def method_of(comm, shard_dir, config: TrainConfig):
     return build_trainer(config, comm, graph, manifest.num_classes).method, graph, manifest
 
 
-@pytest.mark.parametrize("mode", list(EXCHANGES))
-@pytest.mark.parametrize("backbone", ["gcn", "1gnn"])
-def test_a_distributed_step_equals_the_centralized_one(toy_graph, tmp_path, mode, backbone):
-    shard_dir = write_shards(toy_graph, random_parts(toy_graph.num_nodes, 3, seed=4),
-                             tmp_path / "shards")
-    config = config_for(shard_dir, exchange=mode, backbone=backbone)
-
+def sampled_step_on_every_rank(shard_dir, config: TrainConfig, ranks: int = 4) -> list:
+    """One step on the probe's fixed sample, ranks as threads: per rank (loss, flat gradients,
+    the logits of the sample's rows gathered in global order)."""
     def body(comm):
         gnn, graph, manifest = method_of(comm, shard_dir, config)
         own = fixed_sample(manifest.client_sizes())[comm.client_id] if comm.is_client else None
@@ -55,7 +51,17 @@ def test_a_distributed_step_equals_the_centralized_one(toy_graph, tmp_path, mode
             graph.global_id[operator.rows.numpy()])
         return loss, flat_grads(gnn.model), logits
 
-    found = ThreadWorld(4).run(body)
+    return ThreadWorld(ranks).run(body)
+
+
+@pytest.mark.parametrize("mode", list(EXCHANGES))
+@pytest.mark.parametrize("backbone", ["gcn", "1gnn"])
+def test_a_distributed_step_equals_the_centralized_one(toy_graph, tmp_path, mode, backbone):
+    shard_dir = write_shards(toy_graph, random_parts(toy_graph.num_nodes, 3, seed=4),
+                             tmp_path / "shards")
+    config = config_for(shard_dir, exchange=mode, backbone=backbone)
+
+    found = sampled_step_on_every_rank(shard_dir, config)
     expected = centralized_reference(shard_dir, backbone, "float64", 2, sampled=True)[:3]
     for name, a, b in zip(("loss", "grads", "logits"), found[0], expected):
         assert_close(a, b, TOLERANCE["float64"], f"{mode} {backbone} {name}")
@@ -142,18 +148,7 @@ def test_exact_first_layer_distributed_equals_centralized(toy_graph, tmp_path, b
                              tmp_path / "shards")
     config = config_for(shard_dir, backbone=backbone, exact_first_layer=True, secure=secure)
     manifest = read_manifest(shard_dir)
-
-    def body(comm):
-        gnn, graph, _ = method_of(comm, shard_dir, config)
-        own = fixed_sample(manifest.client_sizes())[comm.client_id] if comm.is_client else None
-        operator, train_rows = gnn.operator_for_sample(own)
-        loss = gnn.loss_and_gradients(operator, train_rows)
-        logits, _ = gather_in_global_order(
-            comm, operator_logits(comm, gnn, operator, manifest.num_classes),
-            graph.global_id[operator.rows.numpy()])
-        return loss, flat_grads(gnn.model), logits
-
-    found = ThreadWorld(4).run(body)[0]
+    found = sampled_step_on_every_rank(shard_dir, config)[0]
     merged = ClientGraph.merged([load_client_shard(shard_dir / shard_filename(i))
                                  for i in range(3)])
     gnn = build_trainer(config.replace(secure=False), LocalComm(), merged,
