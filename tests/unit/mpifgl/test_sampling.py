@@ -99,6 +99,7 @@ def _layer_outputs(clients, layer, samples, probabilities):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.usefixtures("one_torch_thread")  # thousands of tiny products: no thread to wake
 @pytest.mark.parametrize("layer_class", [GCNLayer, OneGNNLayer])
 def test_sampled_first_layer_is_unbiased(tmp_path, layer_class):
     """Averaged over many label-guided samples, a sampled node's first-layer output converges to

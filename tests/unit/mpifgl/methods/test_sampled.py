@@ -73,6 +73,7 @@ def test_trimmed_graphsage_batch_equals_the_untrimmed_pyg_stack(toy_graph):
         assert (a - b).abs().max().item() < 1e-12
 
 
+@pytest.mark.usefixtures("one_torch_thread")  # thousands of tiny products: no thread to wake
 def test_graphsaint_normalisation_is_unbiased(toy_graph):
     adjacency = toy_graph.adj.tocsr()
     sampler = RandomWalkSampler(adjacency, roots=6, walk_length=2, rng=np.random.default_rng(1))
