@@ -44,6 +44,7 @@ from mpifgl import hardware
 from mpifgl.methods import build_trainer, get_method
 from mpifgl.runlog import (CHECKPOINT_NAME, RunDirectory, claim_run_dir, default_run_dir,
                            load_checkpoint)
+from mpifgl.sampling import default_sample_size
 from mpifgl.trainer import Trainer
 
 log = logging.getLogger("mpifgl")
@@ -220,8 +221,8 @@ def check_sample_size(config: TrainConfig, manifest) -> None:
     n = manifest.num_nodes
     if config.sample_size > n:
         raise SetupError(f"--sample-size is {config.sample_size}, expected at most {n} (the "
-                         f"nodes of the shards in {config.shards}), or 0 for a quarter of them "
-                         f"({-(-n // 4)})")
+                         f"nodes of the shards in {config.shards}), or 0 for the default by the "
+                         f"graph's size ({default_sample_size(n)})")
 
 
 def check_same_shards(checkpoint: dict, manifest, config: TrainConfig) -> None:

@@ -25,8 +25,8 @@ from mpifgl.exchange import CrossClientSums, build_exchange
 from mpifgl.graph import build_operator
 from mpifgl.model import LayerOperator, flatten, gradients, make_features, select_rows, unflatten
 from mpifgl.operators import SparseFeatures
-from mpifgl.sampling import (NodeSample, NodeSampler, client_sample_sizes, make_distribution,
-                             steps_for_sample)
+from mpifgl.sampling import (NodeSample, NodeSampler, client_sample_sizes, default_sample_size,
+                             make_distribution, steps_for_sample)
 from mpifgl.trainer import RankSetup
 
 
@@ -52,7 +52,7 @@ class LabelGuidedSampler:
     def __init__(self, setup: RankSetup):
         config, graph = setup.config, setup.graph
         n = int(graph.client_sizes.sum())
-        self.total_draws = config.sample_size or max(1, -(-n // 4))
+        self.total_draws = config.sample_size or default_sample_size(n)
         self.draws_per_client = client_sample_sizes(graph.client_sizes, self.total_draws)  # s_i
         self.node_sampler: NodeSampler | None = None
         if setup.comm.is_client:

@@ -31,3 +31,35 @@ def test_steps_per_epoch_zero_is_one_pass_for_ours_and_one_step_for_the_rest(toy
     assert (full.sample_size, full.steps_per_epoch) == (0, 1)
     for algo in ("graphsage", "graphsaint"):
         assert resolved(algo=algo).steps_per_epoch == 1, algo
+
+
+def test_the_default_sample_is_a_quarter_up_to_20000_nodes_and_one_pass_in_one_step_above(
+        toy_shards, monkeypatch):
+    """--sample-size 0: ceil(n/4) draws and 4 steps per epoch up to LARGE_GRAPH_NODES (the
+    paper's small graphs keep their scores), n draws in one step per epoch above; an explicit
+    --sample-size is kept. The toy graph stands in for a large one with the bound lowered."""
+    from mpifgl import sampling
+    from mpifgl.communicator import LocalComm
+    from mpifgl.config import TrainConfig
+    from mpifgl.methods import build_trainer
+    assert sampling.default_sample_size(20_000) == 5_000
+    assert sampling.default_sample_size(20_001) == 20_001
+    assert sampling.default_sample_size(19_717) == 4_930  # PubMed: the paper's 5,000
+    shard_dir = toy_shards(2)
+    manifest = read_manifest(shard_dir)
+    merged = ClientGraph.merged([load_client_shard(shard_dir / shard_filename(i))
+                                 for i in range(2)])
+    n = merged.num_nodes
+
+    def resolved(**flags) -> TrainConfig:
+        config = TrainConfig(hidden=8, algo="centralized", sampling="label", **flags)
+        return build_trainer(config, LocalComm(), merged, manifest.num_classes).config
+
+    monkeypatch.setattr(sampling, "LARGE_GRAPH_NODES", n - 1)
+    large = resolved()
+    assert (large.sample_size, large.steps_per_epoch) == (n, 1)
+    assert (resolved(sample_size=15).sample_size, resolved(sample_size=15).steps_per_epoch) \
+        == (15, 4)
+    monkeypatch.setattr(sampling, "LARGE_GRAPH_NODES", n)
+    assert (resolved().sample_size, resolved().steps_per_epoch) == (-(-n // 4), 4)
+

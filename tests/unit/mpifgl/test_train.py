@@ -126,7 +126,7 @@ def test_a_sample_larger_than_the_graph_is_refused_before_anything_is_written(
                             toy_shards(2), "--out", tmp_path / "run", "--sample-size", "61")
     assert status == 1 and lines == [
         f"mpifgl.train: error: --sample-size is 61, expected at most 60 (the nodes of the shards "
-        f"in {toy_shards(2)}), or 0 for a quarter of them (15)"]
+        f"in {toy_shards(2)}), or 0 for the default by the graph's size (15)"]
     assert not (tmp_path / "run").exists()
 
 
