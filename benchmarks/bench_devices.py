@@ -15,6 +15,8 @@ Cases (``--cases``, in this order; a CUDA case is recorded as skipped where torc
   centralized-cpu-1      --algo centralized --device cpu --threads 1
   ours-paper-cuda        ours at the paper's products settings: 3 layers, the paper's sample
                          fraction (500,000 of 2,449,029 nodes, scaled), --device cuda
+  ours-cpu-auto-quarter  ours-cpu-auto with the sample of graphs up to 20,000 nodes: 4 steps
+                         of ceil(n/4) draws (above, the default is one step of n draws)
 
 Each runs ``--epochs`` epochs with one full-graph evaluation at the end. Printed per case, as
 benchmarks/bench_products.py prints them (training seconds per epoch, bytes per client, peak
@@ -50,6 +52,9 @@ CASES = {
     "centralized-cpu-auto": (False, CENTRALIZED + ["--device", "cpu", "--threads", "auto"]),
     "centralized-cpu-1": (False, CENTRALIZED + ["--device", "cpu", "--threads", "1"]),
     "ours-paper-cuda": (True, ["--device", "cuda", "--layers", "3"]),  # + the paper's sample
+    # the default sample of graphs up to 20,000 nodes, 4 steps of ceil(n/4): the earlier figures
+    "ours-cpu-auto-quarter": (True, ["--device", "cpu", "--threads", "auto",
+                                     "--steps-per-epoch", "4"]),  # + --sample-size ceil(n/4)
 }
 
 
@@ -73,6 +78,8 @@ def case_flags(case: str, scale: float) -> list[str]:
     flags = list(CASES[case][1])
     if case == "ours-paper-cuda":
         flags += ["--sample-size", str(max(1, round(PAPER_SAMPLE * scale)))]
+    if case == "ours-cpu-auto-quarter":
+        flags += ["--sample-size", str(max(1, -(-round(PRODUCTS_NODES * scale) // 4)))]
     return flags
 
 
@@ -99,6 +106,12 @@ def speedups(outcomes: dict[str, Outcome]) -> list[str]:
         if a and b:
             lines.append(f"  {what:42} {b / a:6.2f}x faster ({a:.3f} s against {b:.3f} s "
                          "per training epoch)")
+    for ours in ("ours-cpu-auto", "ours-cpu-auto-quarter", "ours-cpu-1"):
+        for central in ("centralized-cpu-1", "centralized-cpu-auto"):
+            a, b = epoch(ours), epoch(central)
+            if a and b:
+                lines.append(f"  {ours + ' / ' + central:42} {a / b:6.2f}x the epoch ({a:.3f} s "
+                             f"against {b:.3f} s)")
     return lines
 
 
