@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from mpifgl.operators import SparseFeatures, SparseOperator
+from mpifgl.operators import SparseFeatures, SparseOperator, numpy_dtype
 from mpifgl.registry import BACKBONES, lookup
 
 Features = "torch.Tensor | SparseFeatures"
@@ -258,9 +258,13 @@ def dropout(z: Features, p: float, rng: RandomStream) -> Features:
         return z.dropout(p, uniform_draws((z.nnz,), rng)) if p > 0.0 else z
     if p <= 0.0 or z.numel() == 0:
         return z
-    keep = uniform_draws(tuple(z.shape), rng) >= p
     # One multiply by a mask already in z's dtype holding 0 or 1/(1-p), which rounds exactly
     # as z * 1 * (1/(1-p)) and avoids the type promotion of a bool mask and a second pass.
+    if isinstance(rng, np.random.Generator):  # the mask in numpy: 4x faster than torch's
+        mask = (rng.random(tuple(z.shape), dtype=np.float32) >= p).astype(numpy_dtype(z.dtype))
+        mask *= 1.0 / (1.0 - p)  # comparison and conversion on one thread (--threads 1)
+        return z * torch.from_numpy(mask).to(z.device)
+    keep = uniform_draws(tuple(z.shape), rng) >= p
     return z * keep.to(z.dtype).mul_(1.0 / (1.0 - p))
 
 
