@@ -2,6 +2,8 @@
 forward against the autograd one, dropout's stream, and the flat gradient buffer."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -93,6 +95,37 @@ def test_flat_gradients_round_trip_with_zeros_for_missing_ones():
     with pytest.raises(ValueError, match="a flat vector of 3 values for tensors of"):
         unflatten(flat[:3], parameters)
     assert flatten(parameters, torch.float32).dtype == torch.float32
+
+
+@pytest.mark.parametrize("shape", [(600, 700), (3, 5), (1001, 1047)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_dropout_mask_on_several_threads_is_one_threads_mask(monkeypatch, shape, dtype):
+    """Cut into consecutive pieces of one PCG64 stream, the threads draw the same mask as one
+    thread, and leave the stream where one thread leaves it (the next draws agree too); an odd
+    count, too few draws or a half-used 64-bit step fall back to one thread."""
+    from mpifgl import model
+    monkeypatch.setattr(model, "PARALLEL_DRAWS", 1000)
+    pools = []
+
+    class CountedPool(model.ThreadPoolExecutor):
+        def __init__(self, workers):
+            pools.append(workers)
+            super().__init__(workers)
+
+    monkeypatch.setattr(model, "ThreadPoolExecutor", CountedPool)
+    for first_draws in (0, 1):  # 1: the stream holds half of a 64-bit step
+        serial, parallel = np.random.default_rng(11), np.random.default_rng(11)
+        serial.random(first_draws, dtype=np.float32)
+        parallel.random(first_draws, dtype=np.float32)
+        one = model.dropout_mask(serial, shape, 0.3, dtype, threads=1)
+        many = model.dropout_mask(parallel, shape, 0.3, dtype, threads=3)
+        assert many.dtype == dtype and many.shape == shape
+        assert np.array_equal(one, many)
+        assert set(np.unique(one)) == {0.0, dtype(1.0 / 0.7)}
+        assert serial.bit_generator.state == parallel.bit_generator.state
+        assert np.array_equal(serial.random(7), parallel.random(7))
+    even = math.prod(shape) % 2 == 0 and math.prod(shape) >= 2000
+    assert pools == ([3] if even else [])  # the threads ran where they may (first_draws 0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
