@@ -2,25 +2,31 @@
 from __future__ import annotations
 
 from fgl_common.shard_format import load_client_shard, read_manifest, shard_filename
+from mpifgl.communicator import LocalComm
+from mpifgl.config import TrainConfig
 from mpifgl.graph import ClientGraph
+from mpifgl.methods import build_trainer
+
+
+def resolver(shard_dir, **fixed):
+    """(n, resolved): the merged graph's node count, and a function from flags to the config a
+    one-process trainer on it settles (what config.json records)."""
+    manifest = read_manifest(shard_dir)
+    merged = ClientGraph.merged([load_client_shard(shard_dir / shard_filename(i))
+                                 for i in range(manifest.num_clients)])
+
+    def resolved(**flags) -> TrainConfig:
+        config = TrainConfig(hidden=8, **fixed, **flags)
+        return build_trainer(config, LocalComm(), merged, manifest.num_classes).config
+
+    return merged.num_nodes, resolved
 
 
 def test_steps_per_epoch_zero_is_one_pass_for_ours_and_one_step_for_the_rest(toy_shards):
     """--steps-per-epoch 0 (the default): ours draws s = n/4 per step and takes ceil(n / s) = 4
     steps; an explicit value or another s changes it; without node sampling and for every
     baseline it is 1. The resolved values are what config.json records (trainer.config)."""
-    from mpifgl.communicator import LocalComm
-    from mpifgl.config import TrainConfig
-    from mpifgl.methods import build_trainer
-    shard_dir = toy_shards(2)
-    manifest = read_manifest(shard_dir)
-    merged = ClientGraph.merged([load_client_shard(shard_dir / shard_filename(i))
-                                 for i in range(2)])
-    n = merged.num_nodes
-
-    def resolved(**flags) -> TrainConfig:
-        config = TrainConfig(hidden=8, batch_size=6, **flags)
-        return build_trainer(config, LocalComm(), merged, manifest.num_classes).config
+    n, resolved = resolver(toy_shards(2), batch_size=6)
 
     ours = resolved(algo="centralized", sampling="label")
     assert (ours.sample_size, ours.steps_per_epoch) == (round(n / 4), 4)
@@ -39,21 +45,10 @@ def test_the_default_sample_is_a_quarter_up_to_20000_nodes_and_one_pass_in_one_s
     paper's small graphs keep their scores), n draws in one step per epoch above; an explicit
     --sample-size is kept. The toy graph stands in for a large one with the bound lowered."""
     from mpifgl import sampling
-    from mpifgl.communicator import LocalComm
-    from mpifgl.config import TrainConfig
-    from mpifgl.methods import build_trainer
     assert sampling.default_sample_size(20_000) == 5_000
     assert sampling.default_sample_size(20_001) == 20_001
     assert sampling.default_sample_size(19_717) == 4_930  # PubMed: the paper's 5,000
-    shard_dir = toy_shards(2)
-    manifest = read_manifest(shard_dir)
-    merged = ClientGraph.merged([load_client_shard(shard_dir / shard_filename(i))
-                                 for i in range(2)])
-    n = merged.num_nodes
-
-    def resolved(**flags) -> TrainConfig:
-        config = TrainConfig(hidden=8, algo="centralized", sampling="label", **flags)
-        return build_trainer(config, LocalComm(), merged, manifest.num_classes).config
+    n, resolved = resolver(toy_shards(2), algo="centralized", sampling="label")
 
     monkeypatch.setattr(sampling, "LARGE_GRAPH_NODES", n - 1)
     large = resolved()
