@@ -2,7 +2,7 @@
 
 Defaults are the paper's settings (appendix D: hidden 128, dropout 0.2, 2 layers, 200 epochs,
 Adam) and label-guided sampling of a quarter of the nodes (the paper's 5,000 of PubMed's 19,717);
-above 20,000 nodes one step of n draws per epoch (mpifgl.sampling.default_sample_size).
+above 20,000 nodes one step of n draws per epoch, the first layer exact (mpifgl.sampling).
 """
 from __future__ import annotations
 
@@ -58,8 +58,9 @@ class TrainConfig:
     sample_size: int = option(0, "draws s per step over all clients, split s_i = n_i s / n; "
                                  "0: by the graph's size, a quarter of the nodes rounded up (4 "
                                  "steps make a pass, the paper's setting) up to 20,000 nodes, all "
-                                 "n (one step per epoch) above: at the same draws per epoch one "
-                                 "large step loses less accuracy (docs/paper_scale.md)")
+                                 "n in one step per epoch with --exact-first-layer above: there "
+                                 "it keeps centralized's accuracy where the paper's sample lost "
+                                 "it (docs/paper_scale.md)")
     no_normalize: bool = option(False, "drop the 1/p(u) normalisation (the ablation ours*)")
     exact_first_layer: bool = option(False, "the first layer aggregates every neighbour, not only "
                                             "the step's sample: its input's propagation holds no "
@@ -67,7 +68,8 @@ class TrainConfig:
                                             "full-graph exchange of the input features) and the "
                                             "sample estimates the layers above; on large graphs "
                                             "the same accuracy at about 0.6x the bytes per "
-                                            "client. See docs/paper_scale.md")
+                                            "client. On with --sample-size 0 above 20,000 nodes. "
+                                            "See docs/paper_scale.md")
     exchange: str = option("compact", "how the server sums the cross-client terms: " + "; ".join(
         f"{e.name} = {e.summary}" for e in EXCHANGES.values()) + ". See docs/training.md",
                            tuple(EXCHANGES))

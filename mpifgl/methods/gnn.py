@@ -26,7 +26,7 @@ from mpifgl.graph import build_operator
 from mpifgl.model import LayerOperator, flatten, gradients, make_features, select_rows, unflatten
 from mpifgl.operators import SparseFeatures
 from mpifgl.sampling import (NodeSample, NodeSampler, client_sample_sizes, default_sample_size,
-                             make_distribution, steps_for_sample)
+                             large_graph, make_distribution, steps_for_sample)
 from mpifgl.trainer import RankSetup
 
 
@@ -53,6 +53,10 @@ class LabelGuidedSampler:
         config, graph = setup.config, setup.graph
         n = int(graph.client_sizes.sum())
         self.total_draws = config.sample_size or default_sample_size(n)
+        # the large-graph default: one step of n draws, the first layer exact (its cost and
+        # bytes are then those of four steps of n/4 on products, its accuracy centralized's)
+        self.exact_first_layer = config.exact_first_layer or (config.sample_size == 0
+                                                              and large_graph(n))
         self.draws_per_client = client_sample_sizes(graph.client_sizes, self.total_draws)  # s_i
         self.node_sampler: NodeSampler | None = None
         if setup.comm.is_client:
@@ -68,7 +72,8 @@ class LabelGuidedSampler:
         self.steps_per_epoch = steps_for_sample(n, int(self.draws_per_client.sum()))
 
     def resolved(self, config: TrainConfig) -> TrainConfig:
-        return config.replace(sample_size=self.total_draws)
+        return config.replace(sample_size=self.total_draws,
+                              exact_first_layer=self.exact_first_layer)
 
     def sample(self) -> NodeSample | None:
         return self.node_sampler.sample() if self.node_sampler is not None else None
@@ -87,6 +92,8 @@ class GNNMethod:
         self.model, self.optimizer = setup.gnn_and_optimizer()
         self.exchanged = not comm.is_single_process  # cross-client terms go through the server
         self.cross_sums = None
+        if sampler is not None:
+            config = sampler.resolved(config)
         # --exact-first-layer: the first layer takes its input's aggregate, computed once
         first = 1 if config.exact_first_layer else 0
         if self.exchanged:
@@ -96,8 +103,6 @@ class GNNMethod:
                 comm, config.exchange, int(config.exchange_buffer_mb * 2 ** 20), max(widths),
                 self.dtype, setup.masking))
             self.cross_sums.attach(self.model, first)
-        if sampler is not None:
-            config = sampler.resolved(config)
         if config.steps_per_epoch == 0:
             config = config.replace(steps_per_epoch=sampler.steps_per_epoch if sampler else 1)
         self.config = config

@@ -42,8 +42,8 @@ def test_steps_per_epoch_zero_is_one_pass_for_ours_and_one_step_for_the_rest(toy
 def test_the_default_sample_is_a_quarter_up_to_20000_nodes_and_one_pass_in_one_step_above(
         toy_shards, monkeypatch):
     """--sample-size 0: ceil(n/4) draws and 4 steps per epoch up to LARGE_GRAPH_NODES (the
-    paper's small graphs keep their scores), n draws in one step per epoch above; an explicit
-    --sample-size is kept. The toy graph stands in for a large one with the bound lowered."""
+    paper's small graphs keep their scores), n draws in one step per epoch with the first layer
+    exact above; an explicit --sample-size is kept, and the first layer sampled. The toy graph stands in for a large one with the bound lowered."""
     from mpifgl import sampling
     assert sampling.default_sample_size(20_000) == 5_000
     assert sampling.default_sample_size(20_001) == 20_001
@@ -52,9 +52,11 @@ def test_the_default_sample_is_a_quarter_up_to_20000_nodes_and_one_pass_in_one_s
 
     monkeypatch.setattr(sampling, "LARGE_GRAPH_NODES", n - 1)
     large = resolved()
-    assert (large.sample_size, large.steps_per_epoch) == (n, 1)
-    assert (resolved(sample_size=15).sample_size, resolved(sample_size=15).steps_per_epoch) \
-        == (15, 4)
+    assert (large.sample_size, large.steps_per_epoch, large.exact_first_layer) == (n, 1, True)
+    chosen = resolved(sample_size=15)
+    assert (chosen.sample_size, chosen.steps_per_epoch, chosen.exact_first_layer) == (15, 4, False)
     monkeypatch.setattr(sampling, "LARGE_GRAPH_NODES", n)
-    assert (resolved().sample_size, resolved().steps_per_epoch) == (-(-n // 4), 4)
+    small = resolved()
+    assert (small.sample_size, small.steps_per_epoch, small.exact_first_layer) == \
+        (-(-n // 4), 4, False)
 
