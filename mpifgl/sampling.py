@@ -71,11 +71,10 @@ def client_sample_sizes(client_sizes: list[int] | np.ndarray, total: int) -> np.
 
 
 # Above this many nodes --sample-size 0 draws n nodes in one step per epoch instead of n/4 in
-# four, with the first layer exact: on the 61,226-node products proxy that reached
-# centralized's 76.57 (76.52 +- 0.11) against 75.11 for the paper's five steps of n/5, and at
-# products size it costs 1.16x the epoch of four steps of n/4 at 0.27x the bytes
-# (docs/paper_scale.md, section 5). Up to it (the paper's PubMed, 19,717, and every graph of
-# the study) the default stays the paper's n/4.
+# four, with the first layer exact: on the products proxy that keeps centralized's accuracy
+# where the paper's sample fraction loses it, at about the time and a fraction of the bytes of
+# four steps (docs/paper_scale.md, section 5). Up to it (the paper's PubMed, 19,717, and every
+# graph of the study) the default stays the paper's n/4.
 LARGE_GRAPH_NODES = 20_000
 
 

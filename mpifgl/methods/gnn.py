@@ -53,8 +53,8 @@ class LabelGuidedSampler:
         config, graph = setup.config, setup.graph
         n = int(graph.client_sizes.sum())
         self.total_draws = config.sample_size or default_sample_size(n)
-        # the large-graph default: one step of n draws, the first layer exact (its cost and
-        # bytes are then those of four steps of n/4 on products, its accuracy centralized's)
+        # the large-graph default: one step of n draws with the first layer exact, which keeps
+        # that step's cost near four steps of n/4 (docs/paper_scale.md, section 5)
         self.exact_first_layer = config.exact_first_layer or (config.sample_size == 0
                                                               and large_graph(n))
         self.draws_per_client = client_sample_sizes(graph.client_sizes, self.total_draws)  # s_i
