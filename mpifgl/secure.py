@@ -19,7 +19,6 @@ every slot (``mpifgl.fixed_point.LaggedRange``), and offers:
 """
 from __future__ import annotations
 
-from collections.abc import Hashable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
