@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import scipy.sparse as sp
@@ -31,6 +31,7 @@ ID_SALT = np.uint64(0x6A09E667F3BCC908)  # keeps node-id hashes apart from edge 
 ID_WORDS = 4  # count, outside 0..n-1, two hash sums
 PART_BITS = 20  # each hash sum adds 20-bit parts: exact in a float64 bincount
 CHUNK = 1 << 22  # nodes hashed at once for the expected sums
+ENTRY_BLOCK = 1 << 20  # matrix entries hashed at once: about 150 MB of temporaries
 
 
 def fingerprint(manifest: dict[str, Any]) -> str:
@@ -90,6 +91,23 @@ def _edge_sums(slot: np.ndarray, row: np.ndarray, col: np.ndarray, pairs: int) -
                      np.rint(np.bincount(slot, part_b, minlength=pairs))]).astype(np.int64)
 
 
+def _entry_blocks(matrix) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(row, column) int64 arrays of a matrix's stored entries, in blocks of whole rows of about
+    ENTRY_BLOCK entries."""
+    csr = sp.csr_matrix(matrix)
+    indptr = csr.indptr.astype(np.int64)
+    start = 0
+    while start < csr.shape[0]:
+        # the last row whose entries end within ENTRY_BLOCK of this block's first entry
+        stop = max(start + 1, int(np.searchsorted(indptr, indptr[start] + ENTRY_BLOCK,
+                                                  side="right")) - 1)
+        stop = min(stop, csr.shape[0])
+        lengths = np.diff(indptr[start:stop + 1])
+        rows = np.repeat(np.arange(start, stop, dtype=np.int64), lengths)
+        yield rows, csr.indices[indptr[start]:indptr[stop]].astype(np.int64)
+        start = stop
+
+
 def partition_evidence(client_id: int, client_sizes: np.ndarray, global_id: np.ndarray,
                        inner: sp.spmatrix, cross: sp.spmatrix) -> np.ndarray:
     """What one rank holds, as sums to add over ranks -> int64 [evidence_length(m)].
@@ -113,23 +131,26 @@ def partition_evidence(client_id: int, client_sizes: np.ndarray, global_id: np.n
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     forward = np.zeros((3, pairs), dtype=np.int64)
     backward = np.zeros((3, pairs), dtype=np.int64)
-    inner = sp.coo_matrix(inner)
-    cross = sp.coo_matrix(cross)
-    # every entry in client-ordered coordinates: row R of client i, column C of client j
-    rows = np.concatenate([inner.row, cross.row]).astype(np.int64) + offsets[client_id]
-    cols = np.concatenate([inner.col.astype(np.int64) + offsets[client_id],
-                           cross.col.astype(np.int64)])
-    owner_row = np.searchsorted(offsets, rows, side="right") - 1
-    owner_col = np.searchsorted(offsets, cols, side="right") - 1
-    local_row, local_col = rows - offsets[owner_row], cols - offsets[owner_col]
-    # A_ij's entry (r, c) and A_ji's entry (c, r) are one edge: keyed (i, j, r, c) for i <= j
-    # from the lower client's side (forward) and from the higher client's side (backward); an
-    # inner block's entry counts on both sides, so A_ii must equal its transpose
-    low = owner_row <= owner_col
-    slot = _pair_slot(np.minimum(owner_row, owner_col), np.maximum(owner_row, owner_col), m)
-    forward += _edge_sums(slot[low], local_row[low], local_col[low], pairs)
-    high = owner_row >= owner_col
-    backward += _edge_sums(slot[high], local_col[high], local_row[high], pairs)
+    # inner in local columns, cross in client-ordered ones; in blocks of rows, so the hashing's
+    # temporaries stay bounded whatever the graph size (docs/scale.md, memory)
+    for block, column_offset in ((inner, offsets[client_id]), (cross, 0)):
+        for local_rows, columns in _entry_blocks(block):
+            # every entry in client-ordered coordinates: row R of client i, column C of client j
+            rows = local_rows + offsets[client_id]
+            cols = columns + column_offset
+            owner_row = np.searchsorted(offsets, rows, side="right") - 1
+            owner_col = np.searchsorted(offsets, cols, side="right") - 1
+            local_row, local_col = rows - offsets[owner_row], cols - offsets[owner_col]
+            # A_ij's entry (r, c) and A_ji's entry (c, r) are one edge: keyed (i, j, r, c) for
+            # i <= j from the lower client's side (forward) and from the higher client's side
+            # (backward); an inner block's entry counts on both sides, so A_ii must equal its
+            # transpose
+            low = owner_row <= owner_col
+            slot = _pair_slot(np.minimum(owner_row, owner_col), np.maximum(owner_row, owner_col),
+                              m)
+            forward += _edge_sums(slot[low], local_row[low], local_col[low], pairs)
+            high = owner_row >= owner_col
+            backward += _edge_sums(slot[high], local_col[high], local_row[high], pairs)
     out[ID_WORDS:] = np.concatenate([forward.reshape(-1), backward.reshape(-1)])
     return out
 

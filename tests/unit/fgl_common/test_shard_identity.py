@@ -75,3 +75,15 @@ def test_global_ids_twice_or_outside_are_found(ids):
     evidence = partition_evidence(0, sizes, np.array(ids), np.zeros((3, 3)), np.zeros((3, 3)))
     problems = partition_problems(evidence, sizes, shard_filename)
     assert len(problems) == 1 and "do not cover 0..2 exactly once" in problems[0]
+
+
+def test_evidence_does_not_depend_on_the_hashing_blocks(toy_graph, tmp_path, monkeypatch):
+    """Rows are hashed in blocks of about ENTRY_BLOCK entries to bound memory: blocks of one
+    row (and of fewer entries than a row holds) sum to what one block gives."""
+    import fgl_common.shard_identity as identity
+    shard_dir = write_shards(toy_graph, random_parts(60, 3), tmp_path / "a")
+    whole, sizes = summed_evidence(shard_dir)
+    for block in (1, 5):
+        monkeypatch.setattr(identity, "ENTRY_BLOCK", block)
+        blocked, _ = summed_evidence(shard_dir)
+        assert np.array_equal(blocked, whole)
