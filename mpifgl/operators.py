@@ -29,10 +29,11 @@ import torch
 
 from fgl_common.arrays import offsets
 
-try:  # the kernel behind scipy's csr_matrix @ dense, without its per-call Python checks
+try:  # the kernels behind scipy's csr_matrix @ dense and .tocsc(), without per-call checks
     from scipy.sparse._sparsetools import csr_matvecs as _csr_matvecs
-except ImportError:  # a scipy that moved it: the public (slower) route still works
-    _csr_matvecs = None
+    from scipy.sparse._sparsetools import csr_tocsc as _csr_tocsc
+except ImportError:  # a scipy that moved them: the public (slower) routes still work
+    _csr_matvecs = _csr_tocsc = None
 
 # threads of the CPU sparse kernel (set_cpu_threads): 1 keeps scipy's single-threaded kernel
 _CPU_THREADS = [1]
@@ -145,11 +146,21 @@ class CSRArrays:
                          (int(rows.shape[0]), int(num_cols)))
 
     def transpose(self) -> "CSRArrays":
+        """The transpose in CSR, each row's entries in ascending column order (a counting sort,
+        linear in the entries: every sampled step transposes its cross block)."""
         rows, cols = self.shape
-        row_of = np.repeat(np.arange(rows, dtype=np.int64), np.diff(self.indptr))
-        order = np.argsort(self.indices, kind="stable")  # within a column, rows stay ascending
-        indptr = offsets(np.bincount(self.indices, minlength=cols))
-        return CSRArrays(indptr, row_of[order], self.data[order], (cols, rows))
+        if _csr_tocsc is None:
+            row_of = np.repeat(np.arange(rows, dtype=np.int64), np.diff(self.indptr))
+            order = np.argsort(self.indices, kind="stable")  # within a column, rows ascending
+            indptr = offsets(np.bincount(self.indices, minlength=cols))
+            return CSRArrays(indptr, row_of[order], self.data[order], (cols, rows))
+        index = np.promote_types(self.indptr.dtype, self.indices.dtype)
+        indptr = np.empty(cols + 1, dtype=index)
+        indices = np.empty(self.nnz, dtype=index)
+        data = np.empty(self.nnz, dtype=self.data.dtype)
+        _csr_tocsc(rows, cols, np.asarray(self.indptr, index), np.asarray(self.indices, index),
+                   self.data, indptr, indices, data)
+        return CSRArrays(indptr, indices, data, (cols, rows))
 
     def row_slice(self, first: int, last: int) -> "CSRArrays":
         """Rows first..last-1 (views of the arrays, no copy of the entries)."""

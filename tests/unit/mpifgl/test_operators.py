@@ -7,12 +7,17 @@ import pytest
 import scipy.sparse as sp
 import torch
 
+from mpifgl import operators
 from mpifgl.operators import CSRArrays, SparseFeatures, SparseMatrix, SparseOperator
 
 
-def test_csr_row_column_selection_and_transpose_match_scipy():
+@pytest.mark.parametrize("scipy_kernel", [True, False], ids=["tocsc-kernel", "argsort"])
+def test_csr_row_column_selection_and_transpose_match_scipy(scipy_kernel, monkeypatch):
     """The sampled operators are sliced with bare CSR arrays every step: same entries, same
-    order as scipy's csr[rows][:, cols] and .T.tocsr()."""
+    order as scipy's csr[rows][:, cols] and .T.tocsr() (the transpose with scipy's counting
+    sort, and with the argsort used where scipy does not export it)."""
+    if not scipy_kernel:
+        monkeypatch.setattr(operators, "_csr_tocsc", None)
     rng = np.random.default_rng(0)
     matrix = sp.random(60, 90, density=0.1, format="csr", random_state=1, dtype=np.float32)
     rows = np.sort(rng.choice(60, size=25, replace=False))
