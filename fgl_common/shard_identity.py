@@ -132,7 +132,7 @@ def partition_evidence(client_id: int, client_sizes: np.ndarray, global_id: np.n
     forward = np.zeros((3, pairs), dtype=np.int64)
     backward = np.zeros((3, pairs), dtype=np.int64)
     # inner in local columns, cross in client-ordered ones; in blocks of rows, so the hashing's
-    # temporaries stay bounded whatever the graph size (docs/scale.md, memory)
+    # temporaries stay bounded whatever the graph size (docs/hardware.md, peak memory)
     for block, column_offset in ((inner, offsets[client_id]), (cross, 0)):
         for local_rows, columns in _entry_blocks(block):
             # every entry in client-ordered coordinates: row R of client i, column C of client j
