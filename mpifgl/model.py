@@ -258,8 +258,9 @@ PARALLEL_DRAWS = 1 << 20
 
 
 def dropout_mask(rng: np.random.Generator, shape: tuple[int, ...], p: float, dtype: type,
-                 threads: int) -> np.ndarray:
-    """0 or 1/(1-p) in ``dtype``, kept where a float32 uniform draw of ``rng`` is >= p. With
+                 threads: int, times: np.ndarray | None = None) -> np.ndarray:
+    """0 or 1/(1-p) in ``dtype``, kept where a float32 uniform draw of ``rng`` is >= p; with
+    ``times`` (an array of ``shape``) the mask multiplied by it, in the same pass. With
     ``threads`` > 1 a PCG64 stream is cut into consecutive pieces (``advance``: two float32
     draws per 64-bit step), each drawn and compared on its own thread (numpy releases the GIL):
     the same numbers, and ``rng`` left in the same state, as one thread
@@ -268,9 +269,13 @@ def dropout_mask(rng: np.random.Generator, shape: tuple[int, ...], p: float, dty
     mask = np.empty(n, dtype=dtype)
     scale = np.dtype(dtype).type(1.0 / (1.0 - p))
 
+    flat_times = None if times is None else np.ascontiguousarray(times, dtype=dtype).reshape(-1)
+
     def piece(generator: np.random.Generator, start: int, stop: int) -> None:
         np.multiply(generator.random(stop - start, dtype=np.float32) >= p, scale,
                     out=mask[start:stop])
+        if flat_times is not None:
+            np.multiply(mask[start:stop], flat_times[start:stop], out=mask[start:stop])
 
     state = rng.bit_generator.state
     pieces = min(threads, n // PARALLEL_DRAWS)
@@ -300,7 +305,13 @@ def dropout(z: Features, p: float, rng: RandomStream) -> Features:
     # One multiply by a mask already in z's dtype holding 0 or 1/(1-p), which rounds exactly
     # as z * 1 * (1/(1-p)) and avoids the type promotion of a bool mask and a second pass.
     if isinstance(rng, np.random.Generator):  # the mask in numpy: faster than torch's (docs)
-        mask = dropout_mask(rng, tuple(z.shape), p, numpy_dtype(z.dtype), torch.get_num_threads())
+        threads = torch.get_num_threads()
+        if not z.requires_grad and z.device.type == "cpu":
+            # an input that takes no gradient (the features): masked in the mask's own buffer,
+            # on the rank's threads, with no second array of its size (the same products)
+            return torch.from_numpy(dropout_mask(rng, tuple(z.shape), p, numpy_dtype(z.dtype),
+                                                 threads, times=z.numpy()))
+        mask = dropout_mask(rng, tuple(z.shape), p, numpy_dtype(z.dtype), threads)
         return z * torch.from_numpy(mask).to(z.device)
     keep = uniform_draws(tuple(z.shape), rng) >= p
     return z * keep.to(z.dtype).mul_(1.0 / (1.0 - p))

@@ -147,3 +147,26 @@ def test_dropout_keeps_one_minus_p_scaled_and_is_reproducible(dtype):
     torch.testing.assert_close(z.grad, keep.to(dtype) / (1 - p), rtol=4 * torch.finfo(dtype).eps,
                                atol=0)
     assert dropout(z, 0.0, np.random.default_rng(7)) is z
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_dropout_of_an_input_without_gradient_is_masked_in_place_with_the_same_numbers(
+        monkeypatch, dtype):
+    """The features (no gradient) are multiplied into the mask's buffer on the rank's threads:
+    bit for bit x * mask, as for a tensor that takes a gradient, and the stream moves alike."""
+    from mpifgl import model
+    monkeypatch.setattr(model, "PARALLEL_DRAWS", 1000)
+    x = np.random.default_rng(0).standard_normal((600, 700)).astype(dtype)
+    for threads in (1, 3):
+        plain, fused = np.random.default_rng(5), np.random.default_rng(5)
+        expected = x * model.dropout_mask(plain, x.shape, 0.2, dtype, threads)
+        got = model.dropout_mask(fused, x.shape, 0.2, dtype, threads, times=x)
+        assert got.dtype == dtype and np.array_equal(got, expected)
+        assert plain.bit_generator.state == fused.bit_generator.state
+    features = torch.from_numpy(x)
+    weights = features.clone().requires_grad_(True)  # takes the multiply of autograd
+    dropped = model.dropout(features, 0.2, np.random.default_rng(9))
+    assert not dropped.requires_grad
+    assert np.array_equal(dropped.numpy(),
+                          model.dropout(weights, 0.2, np.random.default_rng(9)).detach().numpy())
+    assert np.array_equal(features.numpy(), x)  # the input itself is left as it was
