@@ -31,7 +31,7 @@ ID_SALT = np.uint64(0x6A09E667F3BCC908)  # keeps node-id hashes apart from edge 
 ID_WORDS = 4  # count, outside 0..n-1, two hash sums
 PART_BITS = 20  # each hash sum adds 20-bit parts: exact in a float64 bincount
 CHUNK = 1 << 22  # nodes hashed at once for the expected sums
-ENTRY_BLOCK = 1 << 20  # matrix entries hashed at once: about 150 MB of temporaries
+ENTRY_BLOCK = 1 << 20  # matrix entries hashed at once: about 20 int64 temporaries of this length
 
 
 def fingerprint(manifest: dict[str, Any]) -> str:
