@@ -101,7 +101,6 @@ def _entry_blocks(matrix) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         # the last row whose entries end within ENTRY_BLOCK of this block's first entry
         stop = max(start + 1, int(np.searchsorted(indptr, indptr[start] + ENTRY_BLOCK,
                                                   side="right")) - 1)
-        stop = min(stop, csr.shape[0])
         lengths = np.diff(indptr[start:stop + 1])
         rows = np.repeat(np.arange(start, stop, dtype=np.int64), lengths)
         yield rows, csr.indices[indptr[start]:indptr[stop]].astype(np.int64)
