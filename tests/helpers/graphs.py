@@ -5,8 +5,11 @@ writer and the reader share a bug. Shards follow fgl_common.shard_format's docum
 """
 from __future__ import annotations
 
+import atexit
+import hashlib
 import json
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -60,8 +63,41 @@ def random_parts(n: int, num_clients: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).permutation(np.arange(n) % num_clients)
 
 
+_WRITTEN: dict[str, Path] = {}  # content key -> this process's first copy of those shards
+_WRITTEN_ROOT: list[Path] = []
+
+
+def _content_key(graph: Graph, parts: np.ndarray, dataset: str) -> str:
+    """Everything write_shards' output depends on (it is deterministic, byte for byte)."""
+    digest = hashlib.sha256(dataset.encode())
+    adj = sp.csr_matrix(graph.adj)
+    arrays = (adj.indptr, adj.indices, adj.data, np.asarray(adj.shape), graph.x, graph.y,
+              graph.train_mask, graph.val_mask, graph.test_mask, np.asarray(parts))
+    for array in arrays:
+        array = np.ascontiguousarray(array)
+        digest.update(f"{array.dtype.str}{array.shape}".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
 def write_shards(graph: Graph, parts: np.ndarray, out: str | Path, dataset: str = "toy") -> Path:
+    """The shard directory of ``graph`` split by ``parts``, written into ``out``. The same
+    inputs give the same bytes, so a repeated call copies the files written the first time
+    (plain copies: fresh files of the caller's own, which it may change at will)."""
     out = Path(out)
+    key = _content_key(graph, parts, dataset)
+    if key not in _WRITTEN:
+        if not _WRITTEN_ROOT:
+            _WRITTEN_ROOT.append(Path(tempfile.mkdtemp(prefix="test-shards-")))
+            atexit.register(shutil.rmtree, _WRITTEN_ROOT[0], True)
+        _WRITTEN[key] = _write_shards(graph, parts, _WRITTEN_ROOT[0] / key, dataset)
+    out.mkdir(parents=True, exist_ok=True)
+    for source in sorted(_WRITTEN[key].iterdir()):
+        shutil.copyfile(source, out / source.name)
+    return out
+
+
+def _write_shards(graph: Graph, parts: np.ndarray, out: Path, dataset: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     num_clients = int(parts.max()) + 1
     members = [np.flatnonzero(parts == i) for i in range(num_clients)]

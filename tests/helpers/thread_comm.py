@@ -23,7 +23,10 @@ BARRIER_SECONDS = 120.0
 class ThreadWorld:
     def __init__(self, size: int):
         self.size = size
-        self.slots: list[Any] = [None] * size
+        # two sets of slots, used in turn by successive collectives: a rank writes the next
+        # set only after every rank passed this one's barrier, i.e. after every rank finished
+        # reading that set's previous use (two collectives ago), so one barrier per collective
+        self.slots: list[list[Any]] = [[None] * size, [None] * size]
         self.barrier = threading.Barrier(size, timeout=BARRIER_SECONDS)
         # every array the server received from a client (gatherv, sums): what it "sees"
         self.server_received: list[tuple[str, int, np.ndarray]] = []
@@ -65,6 +68,7 @@ class ThreadComm(TrafficCounters):
         self.is_client = rank > 0
         self.is_single_process = False
         self.reset_counters()
+        self._turn = 0  # which of the world's two slot sets the next collective uses
 
     @contextmanager
     def counting_exchange(self):
@@ -72,12 +76,11 @@ class ThreadComm(TrafficCounters):
 
     def _share(self, value: Any) -> list[Any]:
         """Every rank's value, on every rank (the one primitive the collectives use)."""
-        world = self.world
-        world.slots[self.rank] = value
-        world.barrier.wait()
-        shared = list(world.slots)
-        world.barrier.wait()
-        return shared
+        slots = self.world.slots[self._turn]
+        self._turn ^= 1
+        slots[self.rank] = value
+        self.world.barrier.wait()
+        return list(slots)
 
     def _seen(self, kind: str, values: list[Any]) -> None:
         if self.is_server:
