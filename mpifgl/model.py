@@ -51,6 +51,9 @@ class LayerOperator:
     # --exact-first-layer: the first layer's propagation of its input over EVERY neighbour,
     # row_scale * (A (col_scale * x)) with p = 1, for the rows [k, in_dim]; None: propagated
     input_aggregate: torch.Tensor | None = None
+    # --history-every: for each layer above the first, (its input and that input's exact
+    # aggregate, as of the last refresh) for the rows; the layer samples only the change since
+    history: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,16 @@ class GraphLayer(nn.Module):
         aggregated = self.propagate(y, op)
         del y  # before update recomputes M(z): two [k, d] tensors at a time
         return self.update(aggregated, z, None, op)
+
+    def forward_with_history(self, z: torch.Tensor, change: torch.Tensor, past: torch.Tensor,
+                             op: LayerOperator) -> torch.Tensor:
+        """The layer with a control variate (VR-GCN): the sampled propagation of ``change`` =
+        z - (the input at the last refresh) plus ``past``, that input's exact aggregate. M is
+        linear, so this is the propagation of M(z) whenever the sample's estimate of the change's
+        is; dropout, if any, has been applied to z and to the change with one mask."""
+        message = self.message(z) if torch.is_grad_enabled() else None
+        sampled = self.propagate(self.message(change) * op.col_scale, op)
+        return self.update(_add(sampled, self.message(past)), z, message, op)
 
     def forward_aggregated(self, z: Features, aggregate: torch.Tensor,
                            op: LayerOperator) -> torch.Tensor:
@@ -296,25 +309,32 @@ def dropout_mask(rng: np.random.Generator, shape: tuple[int, ...], p: float, dty
     return mask.reshape(shape)
 
 
+def dropout_scale(z: torch.Tensor, p: float, rng: RandomStream) -> torch.Tensor | None:
+    """The mask ``dropout`` multiplies a dense z by: 0 or 1/(1-p) in z's dtype, on z's device,
+    from the same draws; None where it draws none (p = 0 or an empty z)."""
+    if p <= 0.0 or z.numel() == 0:
+        return None
+    # A mask already in z's dtype holding 0 or 1/(1-p) rounds exactly as z * 1 * (1/(1-p)) and
+    # avoids the type promotion of a bool mask and a second pass.
+    if isinstance(rng, np.random.Generator):  # the mask in numpy: faster than torch's (docs)
+        mask = dropout_mask(rng, tuple(z.shape), p, numpy_dtype(z.dtype), torch.get_num_threads())
+        return torch.from_numpy(mask).to(z.device)
+    keep = uniform_draws(tuple(z.shape), rng) >= p
+    return keep.to(z.dtype).mul_(1.0 / (1.0 - p))
+
+
 def dropout(z: Features, p: float, rng: RandomStream) -> Features:
     """Inverted dropout drawn from ``rng`` (``uniform_draws``)."""
     if isinstance(z, SparseFeatures):
         return z.dropout(p, uniform_draws((z.nnz,), rng)) if p > 0.0 else z
     if p <= 0.0 or z.numel() == 0:
         return z
-    # One multiply by a mask already in z's dtype holding 0 or 1/(1-p), which rounds exactly
-    # as z * 1 * (1/(1-p)) and avoids the type promotion of a bool mask and a second pass.
-    if isinstance(rng, np.random.Generator):  # the mask in numpy: faster than torch's (docs)
-        threads = torch.get_num_threads()
-        if not z.requires_grad and z.device.type == "cpu":
-            # an input that takes no gradient (the features): masked in the mask's own buffer,
-            # on the rank's threads, with no second array of its size (the same products)
-            return torch.from_numpy(dropout_mask(rng, tuple(z.shape), p, numpy_dtype(z.dtype),
-                                                 threads, times=z.numpy()))
-        mask = dropout_mask(rng, tuple(z.shape), p, numpy_dtype(z.dtype), threads)
-        return z * torch.from_numpy(mask).to(z.device)
-    keep = uniform_draws(tuple(z.shape), rng) >= p
-    return z * keep.to(z.dtype).mul_(1.0 / (1.0 - p))
+    if isinstance(rng, np.random.Generator) and not z.requires_grad and z.device.type == "cpu":
+        # an input that takes no gradient (the features): masked in the mask's own buffer, on
+        # the rank's threads, with no second array of its size (the same products)
+        return torch.from_numpy(dropout_mask(rng, tuple(z.shape), p, numpy_dtype(z.dtype),
+                                             torch.get_num_threads(), times=z.numpy()))
+    return z * dropout_scale(z, p, rng)
 
 
 class GNN(nn.Module):
@@ -341,19 +361,29 @@ class GNN(nn.Module):
         Dropout applies when ``rng`` is given (training) and the model is in train mode."""
         z = x
         for k, layer in enumerate(self.layers):
-            training = rng is not None and self.training
-            if training:
-                z = dropout(z, self.dropout_p, rng)
-            if k == 0 and op.input_aggregate is not None:
-                aggregate = op.input_aggregate
-                if training:  # the aggregate's own draws: it replaces the input's propagation
-                    aggregate = dropout(aggregate, self.dropout_p, rng)
-                z = layer.forward_aggregated(z, aggregate, op)
-            else:
-                z = layer(z, op)
+            z = self._layer(k, layer, z, op, rng if self.training else None)
             if k < len(self.layers) - 1:
                 z = torch.relu(z) if torch.is_grad_enabled() else torch.relu_(z)
         return z
+
+    def _layer(self, k: int, layer: GraphLayer, z: Features, op: LayerOperator,
+               rng: RandomStream | None) -> torch.Tensor:
+        """Layer k on its input z, with dropout where ``rng`` is given."""
+        if k > 0 and op.history is not None:
+            past_input, past_aggregate = op.history[k - 1]
+            change = z - past_input
+            mask = dropout_scale(z, self.dropout_p, rng) if rng is not None else None
+            if mask is not None:  # one mask for the input and its change
+                z, change = z * mask, change * mask
+            return layer.forward_with_history(z, change, past_aggregate, op)
+        if rng is not None:
+            z = dropout(z, self.dropout_p, rng)
+        if k == 0 and op.input_aggregate is not None:
+            aggregate = op.input_aggregate
+            if rng is not None:  # the aggregate's own draws: it replaces the input's propagation
+                aggregate = dropout(aggregate, self.dropout_p, rng)
+            return layer.forward_aggregated(z, aggregate, op)
+        return layer(z, op)
 
 
 def make_features(x: np.ndarray, dtype: torch.dtype, feature_format: str = "auto",

@@ -84,10 +84,13 @@ class CrossClientSums:
         self.purpose = purpose
         self._next_forward, self._next_backward = 0, len(self.widths) - 1
 
-    def once(self, plan: CrossExchangePlan, y: torch.Tensor, total: torch.Tensor) -> None:
-        """A sum outside the schedule, once per run (collective; the server passes y of shape
-        [0, d]): total += the sum of y's cross-client terms (``--exact-first-layer``'s input)."""
-        self.exchange.run(plan, y, ("setup", "forward", 0), total)
+    def once(self, plan: CrossExchangePlan, y: torch.Tensor, total: torch.Tensor,
+             purpose: str = "setup", index: int = 0) -> None:
+        """A sum outside the schedule (collective; the server passes y of shape [0, d]): total
+        += the sum of y's cross-client terms. ``--exact-first-layer``'s input once per run
+        ("setup"); ``--history-every``'s hidden inputs at each refresh ("history", one index
+        per layer: --secure keeps a range per slot)."""
+        self.exchange.run(plan, y, (purpose, "forward", index), total)
 
     def server_pass(self, plan: CrossExchangePlan, backward: bool) -> None:
         """The server's side of one forward pass (and, training, its backward): every sum of

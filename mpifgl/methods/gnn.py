@@ -27,7 +27,7 @@ from mpifgl.model import LayerOperator, flatten, gradients, make_features, selec
 from mpifgl.operators import SparseFeatures
 from mpifgl.sampling import (NodeSample, NodeSampler, client_sample_sizes, default_sample_size,
                              large_graph, make_distribution, steps_for_sample)
-from mpifgl.trainer import RankSetup
+from mpifgl.trainer import RankSetup, on_host
 
 
 class StepSampler(Protocol):
@@ -94,6 +94,8 @@ class GNNMethod:
         self.cross_sums = None
         if sampler is not None:
             config = sampler.resolved(config)
+        if config.history_every:  # layer 1's history is its input: exact, computed once
+            config = config.replace(exact_first_layer=True)
         # --exact-first-layer: the first layer takes its input's aggregate, computed once
         first = 1 if config.exact_first_layer else 0
         if self.exchanged:
@@ -112,6 +114,11 @@ class GNNMethod:
         if config.exact_first_layer:
             self.input_aggregate = self.aggregate_input()
             self.full_operator.input_aggregate = self.input_aggregate
+        # --history-every: per layer above the first, (its full-graph input, that input's
+        # exact aggregate) at the last refresh; refreshed every history_period steps
+        self.history: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.history_period = config.history_every * config.steps_per_epoch
+        self.steps_taken = 0
 
     def aggregate_input(self) -> torch.Tensor:
         """row_scale * (A (col_scale * x)) over every neighbour, with the first layer's scales
@@ -125,6 +132,26 @@ class GNNMethod:
             if self.cross_sums is not None:
                 self.cross_sums.once(op.exchange, y, total)
             return total.mul_(op.row_scale)
+
+    @torch.no_grad()
+    def refresh_history(self) -> None:
+        """Every hidden layer's full-graph input (the model without dropout, the first layer
+        exact) and its aggregate row_scale * (A (col_scale * input)) over every neighbour
+        (collective: one exchange per hidden layer, masked with --secure). The server, which has
+        no rows, runs the same exchanges."""
+        op, layers = self.full_operator, list(self.model.layers)
+        z = layers[0].forward_aggregated(self.x, self.input_aggregate, op).relu_()
+        history = []
+        for k in range(1, len(layers)):
+            y = z * op.col_scale
+            total = op.inner @ y
+            if self.cross_sums is not None:
+                self.cross_sums.once(op.exchange, y, total, "history", k)
+            del y
+            history.append((z, total.mul_(op.row_scale)))
+            if k < len(layers) - 1:
+                z = layers[k].forward_aggregated(z, history[-1][1], op).relu_()
+        self.history = history
 
     def prepared(self, operator: LayerOperator) -> LayerOperator:
         """Agree on the operator's exchange chunks with the other ranks (collective: the compact
@@ -141,6 +168,9 @@ class GNNMethod:
 
     # -- one step -------------------------------------------------------------------------------
     def train_step(self) -> float:
+        if self.history_period and self.steps_taken % self.history_period == 0:
+            self.refresh_history()
+        self.steps_taken += 1
         operator, global_train_rows = self.sample_operator()
         loss = self.loss_and_gradients(operator, global_train_rows)
         self.optimizer.step()
@@ -182,6 +212,10 @@ class GNNMethod:
                                                 self.device))
         if self.input_aggregate is not None:
             operator.input_aggregate = torch.index_select(self.input_aggregate, 0, operator.rows)
+        if self.history is not None:
+            operator.history = [(torch.index_select(past, 0, operator.rows),
+                                 torch.index_select(aggregate, 0, operator.rows))
+                                for past, aggregate in self.history]
         return operator, int(table[:, 1].sum())
 
     def loss_and_gradients(self, operator: LayerOperator, global_train_rows: int) -> float:
@@ -230,10 +264,21 @@ class GNNMethod:
 
     # -- checkpoints: the random streams (saved by the Trainer) are all of a rank's own state --
     def rank_state(self) -> dict[str, Any]:
-        return {}
+        """--history-every: the step count, and the history unless the next step refreshes it
+        (a checkpoint at a refresh boundary stays small)."""
+        if not self.history_period:
+            return {}
+        state: dict[str, Any] = {"steps_taken": self.steps_taken}
+        if self.steps_taken % self.history_period:
+            state["history"] = on_host(self.history)
+        return state
 
     def restore_rank_state(self, state: dict[str, Any]) -> None:
-        pass
+        if self.history_period:
+            self.steps_taken = state["steps_taken"]
+            history = state.get("history")
+            self.history = None if history is None else [
+                (past.to(self.device), aggregate.to(self.device)) for past, aggregate in history]
 
 
 def build_gnn(setup: RankSetup) -> GNNMethod:

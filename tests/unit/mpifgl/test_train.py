@@ -85,6 +85,27 @@ def test_resume_continues_in_place_or_into_a_new_directory_never_over_a_finished
     assert json.loads((second / "config.json").read_text())["resume"] == str(first)
 
 
+@pytest.mark.parametrize("history_every", [1, 2])
+def test_a_resumed_run_with_history_continues_bit_for_bit(program, toy_shards, tmp_path,
+                                                           history_every):
+    """--history-every: a checkpoint between refreshes carries the history, one on a refresh
+    boundary does not need to (the next step refreshes it); either way the resumed run's
+    losses and scores are the uninterrupted run's, bit for bit."""
+    shards = toy_shards(2)
+    flags = [*CENTRAL, "--shards", shards, "--sampling", "label", "--history-every",
+             history_every, "--layers", "3", "--eval-every", "1"]
+    straight, first, resumed = tmp_path / "straight", tmp_path / "first", tmp_path / "resumed"
+    assert program(*flags, "--out", straight, "--epochs", "3") == (0, [])
+    assert program(*flags, "--out", first, "--epochs", "1", "--checkpoint-every", "1") == (0, [])
+    assert program("--resume", first, "--out", resumed, "--epochs", "3") == (0, [])
+
+    def epochs(run):
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return [(r["epoch"], r["loss"], r.get("test")) for r in rows]
+
+    assert epochs(resumed) == epochs(straight)
+
+
 def test_a_run_stopped_before_its_first_checkpoint_says_how_to_start_again(
         program, toy_shards, tmp_path):
     run = tmp_path / "my run"
