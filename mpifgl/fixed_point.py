@@ -195,6 +195,18 @@ class LaggedRange:
         self._growths: dict[Hashable, np.ndarray] = {}
         self.redos = 0  # operations run again because a term outgrew its lagged range
 
+    def state(self) -> dict:
+        """What a checkpoint keeps, so that a resumed run uses the ranges, hence rounds, as the
+        uninterrupted run would (the keys may change; the sums they mask do not)."""
+        return {"agreed": dict(self.agreed),
+                "growths": {slot: g.copy() for slot, g in self._growths.items()},
+                "redos": self.redos}
+
+    def restore(self, state: dict) -> None:
+        self.agreed = dict(state["agreed"])
+        self._growths = {slot: np.array(g) for slot, g in state["growths"].items()}
+        self.redos = state["redos"]
+
     def lagged(self, slot: Hashable) -> np.ndarray | None:
         """Per segment, the range exponent the slot's next use runs with (None before its first
         use): the last use's largest plus the slot's headroom (``headroom_bits``)."""

@@ -397,15 +397,20 @@ class Trainer:
     # -- checkpoints ----------------------------------------------------------------------------
     def _rank_state(self) -> dict[str, Any]:
         """What each rank contributes to a checkpoint: its random streams and the method's."""
-        return {"sample": self.setup.sample_rng.bit_generator.state,
-                "dropout": stream_state(self.setup.dropout_rng),
-                **self.method.rank_state()}
+        state = {"sample": self.setup.sample_rng.bit_generator.state,
+                 "dropout": stream_state(self.setup.dropout_rng),
+                 **self.method.rank_state()}
+        if self.setup.masking is not None:  # --secure: the fixed-point ranges of every slot
+            state["secure_ranges"] = self.setup.masking.ranges.state()
+        return state
 
     def _restore_rank_state(self, state: dict[str, Any]) -> None:
         self.setup.sample_rng.bit_generator.state = state["sample"]
         fresh = int(np.random.SeedSequence([self.config.seed, self.comm.rank, self.state.epoch])
                     .generate_state(1)[0])
         restore_stream(self.setup.dropout_rng, state["dropout"], fresh)
+        if self.setup.masking is not None and "secure_ranges" in state:
+            self.setup.masking.ranges.restore(state["secure_ranges"])
         self.method.restore_rank_state(state)
 
     def save_checkpoint(self) -> None:

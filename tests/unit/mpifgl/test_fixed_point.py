@@ -63,3 +63,14 @@ def test_lagged_range_records_uses_and_asks_for_a_redo_beyond_its_range():
     assert ranges.settle(slot, np.asarray([9, -3]), redo) is None
     # the growth 4 -> 9 widens the headroom of the next uses (within the clamp)
     assert ranges.lagged(slot).tolist() == [9 + 5, -3 + fixed_point.HEADROOM_BITS]
+    # a checkpoint's copy takes every later use as the original does (a resumed --secure run)
+    copy = LaggedRange()
+    copy.restore(ranges.state())
+    for largest in ([12, -3], [2, 0], [30, 1]):
+        used = ranges.begin(slot, np.asarray([0, 0]), lambda needed: pytest.fail("agreed"))
+        assert copy.begin(slot, np.asarray([0, 0]), lambda needed: pytest.fail("agreed")
+                          ).tolist() == used.tolist()
+        assert ((copy.settle(slot, np.asarray(largest), used) is None)
+                == (ranges.settle(slot, np.asarray(largest), used) is None))
+        assert copy.lagged(slot).tolist() == ranges.lagged(slot).tolist()
+    assert copy.redos == ranges.redos
