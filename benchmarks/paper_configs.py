@@ -14,7 +14,7 @@ products, 4 on Reddit) and its sample size scaled with the graph (500,000 of 2,4
 products, 50,000 of 232,965 on Reddit; `--sample-size`, the default steps per epoch: one pass over
 the nodes): seed ``seeds[0]`` at every lr of ``--lrs``, the lr with the best validation micro-F1,
 then the other seeds at that lr. Methods are the study's (study/catalog.py): ours, ours-exact1
-(``--exact-first-layer``, beyond the paper), ours-history (``--history-every 1``, beyond the
+(``--exact-first-layer``, beyond the paper), ours-history (``--history-every 5``, beyond the
 paper), ours-star (``--no-normalize``, the paper's ours*),
 ours-full (``--sampling none``), centralized (full batch, one process), fedavg, bns,
 graphsaint. Flags after ``--`` go to every ``mpifgl.train`` (e.g. ``-- --exchange-buffer-mb

@@ -76,7 +76,11 @@ class TrainConfig:
                                    "input and its exact aggregate (one exchange per hidden "
                                    "layer), and a step samples only the change since; unbiased, "
                                    "with far less variance than eq. 4 alone. Implies "
-                                   "--exact-first-layer; 0: off. See docs/paper_scale.md")
+                                   "--exact-first-layer; 0: off. For a step that must hold a "
+                                   "small sample (memory): at the paper's sample fraction R = 5 "
+                                   "kept centralized's score at fewer bytes than eq. 4; the "
+                                   "large-graph default (one step of n draws) needs none. See "
+                                   "docs/paper_scale.md, section 6")
     exchange: str = option("compact", "how the server sums the cross-client terms: " + "; ".join(
         f"{e.name} = {e.summary}" for e in EXCHANGES.values()) + ". See docs/training.md",
                            tuple(EXCHANGES))
