@@ -186,42 +186,49 @@ def test_the_exact_first_layer_is_the_full_graph_layer_on_the_sampled_rows(toy_g
     assert graph.num_nodes == exact.input_aggregate.shape[0]
 
 
+def sampled_logit_statistics(gnn, manifest, draws: int, rounds: int,
+                             min_seen: int) -> tuple[float, float]:
+    """Sampled 2-layer logits (eval mode) of ``rounds`` uniform samples of ``draws`` against the
+    full-graph logits: (mean z^2, mean variance) over the entries of nodes seen >= ``min_seen``
+    times that vary. z = (sample mean - full) / standard error: about 1 if unbiased (statistic
+    as in test_sampling); an isolated node's logits are deterministic and must match."""
+    full = gnn.full_logits().detach().numpy()
+    n = full.shape[0]
+    sampler = NodeSampler(np.full(n, 1.0 / n), draws, np.random.default_rng(5))
+    first, second, counts = np.zeros_like(full), np.zeros_like(full), np.zeros(n)
+    for _ in range(rounds):
+        operator, _ = gnn.operator_for_sample(sampler.sample())
+        rows = operator.rows.numpy()
+        logits = operator_logits(LocalComm(), gnn, operator, manifest.num_classes)
+        first[rows] += logits
+        second[rows] += logits ** 2
+        counts[rows] += 1
+    seen = counts >= min_seen
+    assert seen.mean() > 0.95
+    k = counts[seen][:, None]
+    mean = first[seen] / k
+    variance = np.maximum(second[seen] / k - mean ** 2, 0.0) * k / (k - 1)
+    varies = variance > 1e-20
+    np.testing.assert_allclose(mean[~varies], full[seen][~varies], atol=1e-12)
+    z2 = (mean - full[seen])[varies] ** 2 / (variance / k)[varies]
+    return float(np.mean(z2)), float(np.mean(variance))
+
+
 @pytest.mark.timeout(120)
 def test_with_the_exact_first_layer_two_layers_of_logits_are_unbiased(tmp_path):
     """Averaged over many samples, a sampled node's 2-layer GCN logits (eval mode) converge to its
     full-graph logits when the first layer is exact: the only estimate left is the second
     layer's 1/p-scaled sum over exact first-layer outputs. With eq. 4 in both layers the ReLU of
-    a noisy first layer biases them. Statistic as in test_sampling: mean z^2 of (sample mean -
-    full) / standard error, over the entries of nodes seen >= 100 times that vary (an isolated
-    node's logits are deterministic: they must match); about 1 if unbiased. 600 nodes and 150
-    draws keep the conditional bias of drawing with replacement (order 1/s) inside."""
+    a noisy first layer biases them. Nodes seen >= 100 times; 600 nodes and 150 draws keep the
+    conditional bias of drawing with replacement (order 1/s) inside."""
     graph = random_graph(n=600, avg_degree=5, d=7, classes=3, seed=11, isolated=2)
     shard_dir = write_shards(graph, random_parts(graph.num_nodes, 1), tmp_path / "s")
-    n, draws = graph.num_nodes, 150
     mean_z2 = {}
     for exact_first in (True, False):
         gnn, _, manifest = method_of(LocalComm(), shard_dir, config_for(
             shard_dir, sampling="label", exact_first_layer=exact_first, hidden=8,
-            sample_size=draws))
-        full = gnn.full_logits().detach().numpy()
-        sampler = NodeSampler(np.full(n, 1.0 / n), draws, np.random.default_rng(5))
-        first, second, counts = np.zeros_like(full), np.zeros_like(full), np.zeros(n)
-        for _ in range(800):
-            operator, _ = gnn.operator_for_sample(sampler.sample())
-            rows = operator.rows.numpy()
-            logits = operator_logits(LocalComm(), gnn, operator, manifest.num_classes)
-            first[rows] += logits
-            second[rows] += logits ** 2
-            counts[rows] += 1
-        seen = counts >= 100
-        assert seen.mean() > 0.95
-        k = counts[seen][:, None]
-        mean = first[seen] / k
-        variance = np.maximum(second[seen] / k - mean ** 2, 0.0) * k / (k - 1)
-        varies = variance > 1e-20
-        np.testing.assert_allclose(mean[~varies], full[seen][~varies], atol=1e-12)
-        z2 = (mean - full[seen]) ** 2 / (variance / k)
-        mean_z2[exact_first] = float(np.mean(z2[varies]))
+            sample_size=150))
+        mean_z2[exact_first] = sampled_logit_statistics(gnn, manifest, 150, 800, 100)[0]
     assert mean_z2[True] < 1.5, mean_z2
     assert mean_z2[False] > 10, mean_z2
 
@@ -315,34 +322,15 @@ def test_stale_history_keeps_the_logits_unbiased_with_far_less_variance(tmp_path
     layer's alone, on the same samples: the sample estimates only the change since the refresh."""
     graph = random_graph(n=600, avg_degree=5, d=7, classes=3, seed=11, isolated=2)
     shard_dir = write_shards(graph, random_parts(graph.num_nodes, 1), tmp_path / "s")
-    n, draws = graph.num_nodes, 150
     results = {}
     for history in (1, 0):
         gnn, _, manifest = method_of(LocalComm(), shard_dir, config_for(
             shard_dir, sampling="label", exact_first_layer=True, history_every=history,
-            hidden=8, sample_size=draws))
+            hidden=8, sample_size=150))
         if history:
             gnn.refresh_history()
         moved_weights(gnn.model)
-        full = gnn.full_logits().detach().numpy()
-        sampler = NodeSampler(np.full(n, 1.0 / n), draws, np.random.default_rng(5))
-        first, second, counts = np.zeros_like(full), np.zeros_like(full), np.zeros(n)
-        for _ in range(600):
-            operator, _ = gnn.operator_for_sample(sampler.sample())
-            rows = operator.rows.numpy()
-            logits = operator_logits(LocalComm(), gnn, operator, manifest.num_classes)
-            first[rows] += logits
-            second[rows] += logits ** 2
-            counts[rows] += 1
-        seen = counts >= 75
-        assert seen.mean() > 0.95
-        k = counts[seen][:, None]
-        mean = first[seen] / k
-        variance = np.maximum(second[seen] / k - mean ** 2, 0.0) * k / (k - 1)
-        varies = variance > 1e-20
-        np.testing.assert_allclose(mean[~varies], full[seen][~varies], atol=1e-12)
-        z2 = (mean - full[seen])[varies] ** 2 / (variance / k)[varies]
-        results[history] = (float(np.mean(z2)), float(np.mean(variance)))
+        results[history] = sampled_logit_statistics(gnn, manifest, 150, 600, 75)
     assert results[1][0] < 1.5, results
     assert results[1][1] < 0.1 * results[0][1], results
 
