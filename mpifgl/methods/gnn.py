@@ -120,35 +120,34 @@ class GNNMethod:
         self.history_period = config.history_every * config.steps_per_epoch
         self.steps_taken = 0
 
-    def aggregate_input(self) -> torch.Tensor:
-        """row_scale * (A (col_scale * x)) over every neighbour, with the first layer's scales
-        and p = 1: the first layer's propagation of its input, which holds no weight (collective:
-        one full-graph exchange of the input features, masked with --secure)."""
+    @torch.no_grad()
+    def full_aggregate(self, z: torch.Tensor, purpose: str = "setup",
+                       index: int = 0) -> torch.Tensor:
+        """row_scale * (A (col_scale * z)) over every neighbour, p = 1: the propagation of a
+        layer's input, which holds no weight (collective: one full-graph exchange, masked with
+        --secure, in the slot (purpose, index))."""
         op = self.full_operator
-        x = self.x.dense() if isinstance(self.x, SparseFeatures) else self.x
-        with torch.no_grad():
-            y = x * op.col_scale
-            total = op.inner @ y
-            if self.cross_sums is not None:
-                self.cross_sums.once(op.exchange, y, total)
-            return total.mul_(op.row_scale)
+        y = z * op.col_scale
+        total = op.inner @ y
+        if self.cross_sums is not None:
+            self.cross_sums.once(op.exchange, y, total, purpose, index)
+        return total.mul_(op.row_scale)
+
+    def aggregate_input(self) -> torch.Tensor:
+        """The first layer's propagation of its input features (--exact-first-layer)."""
+        return self.full_aggregate(self.x.dense() if isinstance(self.x, SparseFeatures)
+                                   else self.x)
 
     @torch.no_grad()
     def refresh_history(self) -> None:
         """Every hidden layer's full-graph input (the model without dropout, the first layer
-        exact) and its aggregate row_scale * (A (col_scale * input)) over every neighbour
-        (collective: one exchange per hidden layer, masked with --secure). The server, which has
-        no rows, runs the same exchanges."""
+        exact) and its full aggregate (collective: one exchange per hidden layer). The server,
+        which has no rows, runs the same exchanges."""
         op, layers = self.full_operator, list(self.model.layers)
         z = layers[0].forward_aggregated(self.x, self.input_aggregate, op).relu_()
         history = []
         for k in range(1, len(layers)):
-            y = z * op.col_scale
-            total = op.inner @ y
-            if self.cross_sums is not None:
-                self.cross_sums.once(op.exchange, y, total, "history", k)
-            del y
-            history.append((z, total.mul_(op.row_scale)))
+            history.append((z, self.full_aggregate(z, "history", k)))
             if k < len(layers) - 1:
                 z = layers[k].forward_aggregated(z, history[-1][1], op).relu_()
         self.history = history
