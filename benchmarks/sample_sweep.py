@@ -18,7 +18,8 @@ lowest training loss, seconds per training epoch (max over ranks of compute + co
 median over epochs 2..E) and its communication share, MB a client sends per epoch, peak RSS of
 the largest rank; the curves in WORK/sweep-<proxy>-x<scale>[-<sampler flags>].png.
 ``--sampler-flags`` go to the k runs only (the references stay shared between sweeps); flags
-after ``--`` go to every ``mpifgl.train``. Resumable like paper_configs.py. Asserts nothing.
+after ``--`` go to every ``mpifgl.train``. Resumable like paper_configs.py (runs at an lr other
+than 0.01 are named ``...-lr<lr>-s<seed>``). Asserts nothing.
 """
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ from data_prep.proxies import PROXIES, proxy  # noqa: E402
 from fgl_common.cli import option  # noqa: E402
 
 
+DEFAULT_LR = 0.01
+
+
 @dataclass(frozen=True)
 class SweepArgs:
     work: Path = option(Path("/tmp/mpifgl-sweep"), "shards, runs, sweep.md and sweep.png")
@@ -47,7 +51,7 @@ class SweepArgs:
     epochs: int = option(100, "epochs per run")
     eval_every: int = option(5, "full-graph evaluation every this many epochs")
     seeds: tuple[int, ...] = option((0,), "seeds (mean over them)")
-    lr: float = option(0.01, "Adam learning rate")
+    lr: float = option(DEFAULT_LR, "Adam learning rate")
     layers: int = option(0, "layers; 0: the paper's depth for the proxy")
     references: tuple[str, ...] = option(("centralized", "ours-full"), "full-batch reference "
                                          "methods run once per seed", ("centralized",
@@ -76,9 +80,15 @@ def tag(args: SweepArgs) -> str:
     return "".join(f"-{flag.lstrip('-')}" for flag in args.sampler_flags)
 
 
+def lr_tag(args: SweepArgs) -> str:
+    """Runs at another lr than the default get their own names (a finished run is read, not
+    rerun, so names must differ wherever the numbers would)."""
+    return "" if args.lr == DEFAULT_LR else f"-lr{args.lr:g}"
+
+
 def run_dir(args: SweepArgs, label: str, seed: int) -> Path:
     return (args.work / "runs" / variant(args.proxy, args.scale, parse_overrides(args.set))
-            / f"{label}-s{seed}")
+            / f"{label}{lr_tag(args)}-s{seed}")
 
 
 def k_label(args: SweepArgs, k: int) -> str:
@@ -170,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         execute(args, extra)
     text = table(args)
-    name = variant(args.proxy, args.scale, parse_overrides(args.set)) + tag(args)
+    name = variant(args.proxy, args.scale, parse_overrides(args.set)) + tag(args) + lr_tag(args)
     (args.work / f"sweep-{name}.md").write_text(text + "\n")
     print(text)
     runs = {f"k = {k} (s = {sample_size(args, k):,})": run_dir(args, k_label(args, k),
