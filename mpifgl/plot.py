@@ -101,10 +101,11 @@ def labels_for(run_dirs: list[Path]) -> list[str]:
     return [str(p) if names.count(n) > 1 else n for p, n in zip(run_dirs, names)]
 
 
-def plot_runs(run_dirs: list[Path], out: Path | None = None) -> Path:
-    """Draw ``run_dirs`` into ``out`` (default: RUN_DIR/metrics.png for one run, metrics.png
-    in the working directory for several); returns the path written."""
-    runs = {label: read_metrics(path) for label, path in zip(labels_for(run_dirs), run_dirs)}
+def plot_runs(run_dirs: list[Path], out: Path | None = None, from_epoch: int = 1) -> Path:
+    """Draw ``run_dirs`` from epoch ``from_epoch`` on into ``out`` (default: RUN_DIR/metrics.png
+    for one run, metrics.png in the working directory for several); returns the path written."""
+    runs = {label: [r for r in read_metrics(path) if r["epoch"] >= from_epoch]
+            for label, path in zip(labels_for(run_dirs), run_dirs)}
     if out is None:
         out = run_dirs[0] / "metrics.png" if len(run_dirs) == 1 else Path("metrics.png")
     write_bytes(out, draw(runs))
@@ -120,6 +121,8 @@ class PlotArgs:
                                        nargs="+")
     out: str | None = option(None, "PNG to write; default: RUN_DIR/metrics.png for one run, "
                                    "metrics.png in the working directory for several")
+    from_epoch: int = option(1, "draw the epochs from this one on (leave out the first epochs' "
+                                "fall, to compare runs near convergence)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,8 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     add_dataclass_arguments(parser, PlotArgs)
     args = dataclass_from_namespace(PlotArgs, parser.parse_args(argv))
     run_dirs = [Path(p) for p in args.run_dirs]
+    if args.from_epoch < 1:
+        parser.error(f"--from-epoch {args.from_epoch}: expected an epoch >= 1")
     try:
-        out = plot_runs(run_dirs, Path(args.out) if args.out else None)
+        out = plot_runs(run_dirs, Path(args.out) if args.out else None, args.from_epoch)
     except (PlotError, OSError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1

@@ -37,6 +37,17 @@ def test_runs_are_drawn_over_each_other(tmp_path, capsys, monkeypatch):
     assert main([str(one), str(two)]) == 0 and (tmp_path / "metrics.png").is_file()
 
 
+def test_from_epoch_draws_only_the_later_epochs(tmp_path, monkeypatch, capsys):
+    run = fake_run(tmp_path / "a", epochs=6, ranks=2, eval_every=2)
+    drawn = {}
+    monkeypatch.setattr(plot, "draw", lambda runs: drawn.update(runs) or b"drawn")
+    assert main([str(run), "--from-epoch", "4"]) == 0
+    assert [r["epoch"] for r in drawn["a"]] == [4, 5, 6]
+    with pytest.raises(SystemExit):
+        main([str(run), "--from-epoch", "0"])
+    assert "--from-epoch 0: expected an epoch >= 1" in capsys.readouterr().err
+
+
 def test_bytes_per_client_leave_out_the_server():
     record = {"bytes_sent": [100, 2 ** 20, 3 * 2 ** 20], "bytes_received": [0, 2 ** 20, 2 ** 20]}
     assert client_mib(record) == 3.0
