@@ -17,10 +17,12 @@ then the other seeds at that lr. Methods are the study's (study/catalog.py): our
 (``--exact-first-layer``, beyond the paper), ours-history (``--history-every 5``, beyond the
 paper), ours-star (``--no-normalize``, the paper's ours*),
 ours-full (``--sampling none``), centralized (full batch, one process), fedavg, bns,
-graphsaint. Flags after ``--`` go to every ``mpifgl.train`` (e.g. ``-- --exchange-buffer-mb
-256``).
+graphsaint (with the walk roots, walk length and sample coverage behind the paper's figure, the
+roots scaled with the graph: ``Proxy.saint`` in data_prep/proxies.py). Flags after ``--`` go
+to every ``mpifgl.train`` (e.g. ``-- --exchange-buffer-mb 256``).
 
-Resumable: a run whose ``final.json`` exists is read, not run again (WORK/runs/<proxy>/<method>/
+Resumable: a run whose ``final.json`` exists and whose command was the same is read, not run
+again (WORK/runs/<proxy>/<method>/
 lr<lr>-s<seed>/, its output beside it in ``<dir>.log``). Written: WORK/paper_configs.md (the
 table: test micro-F1 at the best validation epoch, mean ± std over seeds, the paper's number,
 the lr, the best epoch, the last epoch's test micro-F1, seconds per training epoch, MB a client
@@ -109,6 +111,11 @@ def flags_for(args: PaperConfigArgs, name: str, method: str, lr: float, seed: in
              "--log-every", str(args.eval_every)]
     if method in SAMPLED:
         flags += ["--sample-size", str(paper_sample_size(name, scale_of(args, name)))]
+    if method == "graphsaint":  # the settings behind the paper's GraphSAINT figure
+        graph = proxy(name)
+        flags += ["--batch-size", str(graph.saint_roots_at(scale_of(args, name))),
+                  "--walk-length", str(graph.saint.walk_length),
+                  "--saint-coverage", f"{graph.saint.coverage:g}"]
     return flags + own_flags(args, method) + extra
 
 

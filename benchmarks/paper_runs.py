@@ -87,13 +87,23 @@ def train_command(method: str, shards: Path, out: Path, flags: list[str],
     return command
 
 
+def training_flags(command: list[str]) -> list[str]:
+    """What follows ``-m mpifgl.train`` in a command: the launcher and interpreter paths may
+    differ between machines without changing the run."""
+    return command[command.index("mpifgl.train") + 1:] if "mpifgl.train" in command else command
+
+
 def run(command: list[str], out: Path, timeout: float, nice: int = 10) -> dict[str, Any]:
     """Run one training command (its own process group, niced), unless ``out/final.json``
-    exists already (resume). Returns the driver's record: status, wall seconds, the command's
-    peak RSS (wait4: its largest process)."""
+    exists already from the same training flags (resume; changed flags run it again). Returns
+    the driver's record: status, wall seconds, the command's peak RSS (wait4: its largest
+    process)."""
     record_path = out / "driver.json"
     if (out / "final.json").is_file() and record_path.is_file():
-        return json.loads(record_path.read_text())
+        record = json.loads(record_path.read_text())
+        if training_flags(record.get("command", [])) == training_flags(command):
+            return record
+        print(f"   {out}: its flags differ from this command's; running it again", flush=True)
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("final.json", "metrics.jsonl"):
         (out / stale).unlink(missing_ok=True)

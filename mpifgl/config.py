@@ -107,6 +107,16 @@ class TrainConfig:
     batch_size: int = option(512, "graphsage: seed nodes per mini-batch; graphsaint: walk roots "
                                   "per subgraph")
     walk_length: int = option(2, "graphsaint: random-walk length")
+    saint_coverage: float = option(100.0, "graphsaint: pre-sample subgraphs until every node was "
+                                          "drawn this many times on average, to estimate the "
+                                          "paper's loss and aggregator weights (PyG's "
+                                          "sample_coverage); 0: no weights, each subgraph "
+                                          "normalised on its own degrees and the loss a plain "
+                                          "mean over its training nodes (OGB's products example)")
+    saint_layer: str = option("backbone", "graphsaint: its layer: backbone (--backbone's) or sage "
+                                          "(PyG SAGEConv: mean aggregation and a root weight, the "
+                                          "layer of OGB's products example and of GraphSAINT's "
+                                          "own code)", ("backbone", "sage"))
     # Evaluation, reproducibility, outputs
     eval_every: int = option(1, "full-graph evaluation every this many epochs (the last epoch is "
                                 "always evaluated)")
@@ -139,7 +149,8 @@ class TrainConfig:
             if not ok:
                 raise ValueError(f"--{flag} is {value!r}, expected {expected}")
         check_finite(self)  # every float flag is a finite number (NaN fails no range check)
-        for name in ("algo", "backbone", "sampling", "exchange", "dtype", "feature_format"):
+        for name in ("algo", "backbone", "sampling", "exchange", "dtype", "feature_format",
+                     "saint_layer"):
             choices = _choices(name)
             need(getattr(self, name) in choices, name.replace("_", "-"), getattr(self, name),
                  f"one of {', '.join(choices)}")
@@ -191,6 +202,7 @@ class TrainConfig:
         need(0.0 < self.boundary_p <= 1.0, "boundary-p", self.boundary_p, "a probability in (0, 1]")
         need(self.batch_size >= 1, "batch-size", self.batch_size, "an integer >= 1")
         need(self.walk_length >= 1, "walk-length", self.walk_length, "an integer >= 1")
+        need(self.saint_coverage >= 0, "saint-coverage", self.saint_coverage, "a number >= 0")
         need(bool(self.fanouts) and all(v >= 1 for v in self.fanouts), "fanouts",
              ",".join(map(str, self.fanouts)),
              "comma-separated integers >= 1, one per layer (e.g. 25,10)")

@@ -4,7 +4,8 @@
   ``--batch-size`` training seeds, neighbour sampling with ``--fanouts`` per hop.
 * GraphSAINT (Zeng et al., ICLR 2020): random-walk subgraphs (``--batch-size`` roots, walks of
   ``--walk-length``) with the paper's loss and aggregator normalisations estimated by
-  pre-sampling, as PyG's ``GraphSAINTSampler(sample_coverage=...)`` does.
+  pre-sampling, as PyG's ``GraphSAINTSampler(sample_coverage=...)`` does; ``--saint-coverage 0``
+  drops them as OGB's products example does (each subgraph a small graph of its own).
 
 Samplers are numpy: PyG's ``NeighborLoader`` and ``GraphSAINTRandomWalkSampler`` need pyg-lib or
 torch-sparse, and neither is installable here (pyg-lib has no PyPI release; torch-sparse is a long
@@ -31,14 +32,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from fgl_common.arrays import offsets
-from mpifgl.model import dropout, layer_type, linear, make_features, select_rows
+from mpifgl.model import Scales, dropout, layer_type, linear, make_features, select_rows
 from mpifgl.operators import SparseFeatures, torch_csr
 from mpifgl.optim import Adam
 from mpifgl.trainer import RankSetup
 
-# GraphSAINT pre-sampling: draw subgraphs until every node was sampled this many times on
-# average (PyG's example uses sample_coverage=100).
-SAMPLE_COVERAGE = 100
+# Subgraphs drawn to measure the mean subgraph size where nothing is pre-sampled (coverage 0).
+SIZE_PROBES = 20
 # Never-sampled nodes / edges get this count (PyG's choice), so their weights stay finite.
 UNSEEN_COUNT = 0.1
 
@@ -168,8 +168,7 @@ class RandomWalkSampler:
         return nodes, edge_index, edge_ids
 
 
-def saint_normalisation(sampler: RandomWalkSampler, train_mask: np.ndarray,
-                        coverage: float = SAMPLE_COVERAGE
+def saint_normalisation(sampler: RandomWalkSampler, train_mask: np.ndarray, coverage: float
                         ) -> tuple[np.ndarray, np.ndarray, float]:
     """Estimate GraphSAINT's coefficients from pre-sampled subgraphs (M of them, until
     ``coverage * n`` nodes were drawn in total). With C_v / C_e the number of subgraphs holding
@@ -377,13 +376,34 @@ class GraphSAGEMethod(CentralizedPyGMethod):
         return float(np.mean(losses)) if losses else 0.0
 
 
+class SageMeanLayer:
+    """PyG's SAGEConv as GraphSAINT's layer (``--saint-layer sage``), in the form of a backbone's
+    ``scales`` and ``pyg_conv``: a sum over edges weighted 1/deg(v), the mean, which the
+    aggregator weights multiply, plus SAGE's own root weight (so no self loop)."""
+
+    @staticmethod
+    def scales(degree: torch.Tensor, probability: torch.Tensor) -> Scales:
+        mean = torch.where(degree > 0, 1.0 / degree.clamp(min=1), torch.zeros_like(degree))
+        return Scales(mean, 1.0 / probability, torch.zeros_like(degree))
+
+    @staticmethod
+    def pyg_conv(in_dim: int, out_dim: int) -> nn.Module:
+        from torch_geometric.nn import SAGEConv
+        return SAGEConv(in_dim, out_dim, aggr="sum")
+
+
 class GraphSAINTMethod(CentralizedPyGMethod):
     """GraphSAINT on our backbone's layer as its PyG conv (``GraphLayer.pyg_conv``: GCNConv
-    without its own normalisation, or GraphConv with sum aggregation), fed pre-normalised edge
+    without its own normalisation, or GraphConv with sum aggregation; or SAGEConv with
+    ``--saint-layer sage``), fed pre-normalised edge
     weights: the message u -> v weighs row_scale(v) col_scale(u) (the backbone's ``scales`` on
     whole-graph degrees) times its aggregator weight, and the backbone's self term is a self
     loop weighted self_scale(v) (none where the backbone has no self scale); the self loop is
-    not reweighted (node v's own row exists whenever v is sampled)."""
+    not reweighted (node v's own row exists whenever v is sampled).
+
+    With ``--saint-coverage 0`` nothing is pre-sampled: the scales come from the subgraph's own
+    degrees and every training node of a subgraph weighs the same in its loss, as in OGB's
+    products example (``sample_coverage=0``), whose settings gave the paper's products figure."""
 
     def __init__(self, setup: RankSetup):
         require_one_process(setup)
@@ -391,31 +411,43 @@ class GraphSAINTMethod(CentralizedPyGMethod):
         adjacency = graph.inner.tocsr()
         self.walk_sampler = RandomWalkSampler(adjacency, config.batch_size, config.walk_length,
                                               setup.sample_rng)
-        loss_weight, edge_norm, mean_size = saint_normalisation(self.walk_sampler,
-                                                                graph.train_mask)
-        self.loss_weight = torch.from_numpy(loss_weight).to(self.dtype).to(setup.device)
-        self.edge_norm = edge_norm
+        self.normalised = config.saint_coverage > 0
+        if self.normalised:
+            loss_weight, self.edge_norm, mean_size = saint_normalisation(
+                self.walk_sampler, graph.train_mask, config.saint_coverage)
+            self.loss_weight = torch.from_numpy(loss_weight).to(self.dtype).to(setup.device)
+        else:
+            mean_size = float(np.mean([self.walk_sampler.sample_nodes().shape[0]
+                                       for _ in range(SIZE_PROBES)]))
         self.subgraphs_per_pass = max(1, round(graph.num_nodes / mean_size))
-        self.layer_type = layer_type(config.backbone)
-        degree = torch.from_numpy(np.diff(adjacency.indptr).astype(np.float64))  # whole graph
-        scales = self.layer_type.scales(degree, torch.ones_like(degree))
-        row, col, own = (v.numpy() for v in (scales.row, scales.col, scales.self))
-        target = np.repeat(np.arange(graph.num_nodes), np.diff(adjacency.indptr))
-        self.base_weight = row[target] * col[adjacency.indices]
-        self.self_weight = own if np.any(own) else None
+        self.layer_type = (SageMeanLayer if config.saint_layer == "sage"
+                           else layer_type(config.backbone))
+        self.base_weight, self.self_weight = self.scaled_weights(
+            np.diff(adjacency.indptr), csr_edge_index(adjacency))
         # Evaluation: the whole graph (self loops included where the backbone has them), no
         # sampling weights.
         full_adjacency = self.weighted_adjacency(np.arange(graph.num_nodes),
-                                                 csr_edge_index(adjacency), self.base_weight)
+                                                 csr_edge_index(adjacency), self.base_weight,
+                                                 self.self_weight)
         super().__init__(setup, self.layer_type.pyg_conv, full_adjacency)
 
-    def weighted_adjacency(self, nodes: np.ndarray, edge_index: np.ndarray, weight: np.ndarray
-                           ) -> torch.Tensor:
-        """The subgraph's sparse adjacency with edge weights, self loops added for gcn."""
-        if self.self_weight is not None:
+    def scaled_weights(self, degree: np.ndarray, edge_index: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The backbone's weight of every edge (row 0 source u, row 1 target v) on ``degree``,
+        and of every node's self loop (None where the backbone has no self term)."""
+        degree = torch.from_numpy(np.asarray(degree, dtype=np.float64))
+        scales = self.layer_type.scales(degree, torch.ones_like(degree))
+        row, col, own = (v.numpy() for v in (scales.row, scales.col, scales.self))
+        return row[edge_index[1]] * col[edge_index[0]], (own if np.any(own) else None)
+
+    def weighted_adjacency(self, nodes: np.ndarray, edge_index: np.ndarray, weight: np.ndarray,
+                           self_weight: np.ndarray | None) -> torch.Tensor:
+        """The subgraph's sparse adjacency with edge weights and, where the backbone has them,
+        self loops weighted ``self_weight`` (one per node of ``nodes``)."""
+        if self_weight is not None:
             loops = np.arange(nodes.shape[0], dtype=np.int64)
             edge_index = np.hstack([edge_index, np.vstack([loops, loops])])
-            weight = np.concatenate([weight, self.self_weight[nodes]])
+            weight = np.concatenate([weight, self_weight])
         return torch_adjacency(edge_index, weight, nodes.shape[0], nodes.shape[0], self.dtype)
 
     def train_step(self) -> float:
@@ -423,7 +455,18 @@ class GraphSAINTMethod(CentralizedPyGMethod):
         losses = []
         for _ in range(self.subgraphs_per_pass):
             nodes, edge_index, edge_ids = self.walk_sampler.sample()
-            weight = self.base_weight[edge_ids] * self.edge_norm[edge_ids]
-            losses.append(self.step(nodes, self.weighted_adjacency(nodes, edge_index, weight), 0,
-                                    self.loss_weight[torch.from_numpy(nodes).to(self.device)]))
+            index = torch.from_numpy(nodes).to(self.device)
+            if self.normalised:
+                weight = self.base_weight[edge_ids] * self.edge_norm[edge_ids]
+                self_weight = None if self.self_weight is None else self.self_weight[nodes]
+                loss_weight = self.loss_weight[index]
+            else:
+                degree = np.bincount(edge_index[1], minlength=nodes.shape[0])
+                weight, self_weight = self.scaled_weights(degree, edge_index)
+                train = int(self.train_mask[index].sum())
+                loss_weight = torch.full((nodes.shape[0],), 1.0 / max(1, train),
+                                         dtype=self.dtype, device=self.device)
+            losses.append(self.step(nodes, self.weighted_adjacency(nodes, edge_index, weight,
+                                                                   self_weight),
+                                    0, loss_weight))
         return float(np.mean(losses))

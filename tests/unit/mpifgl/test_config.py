@@ -31,6 +31,7 @@ def test_defaults_are_the_papers_settings():
     ("fanouts", (25, 0), "--fanouts is '25,0', expected comma-separated integers >= 1"),
     ("fanouts", (), "--fanouts is '', expected comma-separated integers >= 1"),
     ("boundary_p", 0.0, "--boundary-p is 0.0"),
+    ("saint_coverage", -1.0, "--saint-coverage is -1.0, expected a number >= 0"),
 ])
 def test_validation_names_flag_value_and_expectation(flag, value, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")

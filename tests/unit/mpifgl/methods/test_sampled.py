@@ -159,3 +159,51 @@ def test_sparse_input_features_give_the_dense_convs_numbers(toy_graph, conv):
                  for out in outputs]
         for a, b in zip(*grads):
             assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("layer", ["backbone", "sage"])
+def test_graphsaint_without_coverage_trains_on_each_subgraph_alone(toy_shards, layer):
+    """--saint-coverage 0 (OGB's products example): a step's loss is PyG's own layer (GCNConv
+    with its normalisation and self loops, or SAGEConv with mean aggregation) on the induced
+    subgraph as a graph of its own, the loss a plain mean over the subgraph's training nodes;
+    and with --saint-layer sage the evaluation is PyG's SAGE on the whole graph (1e-10)."""
+    import torch.nn.functional as F
+    from torch_geometric.nn import GCNConv, SAGEConv
+    from mpifgl.communicator import LocalComm
+    from mpifgl.config import TrainConfig
+    from mpifgl.methods import build_trainer
+    shard_dir = toy_shards(2)
+    manifest = read_manifest(shard_dir)
+    merged = ClientGraph.merged([load_client_shard(shard_dir / shard_filename(i))
+                                 for i in range(2)])
+    config = TrainConfig(algo="graphsaint", dtype="float64", hidden=8, dropout=0.0,
+                         batch_size=6, walk_length=3, saint_coverage=0.0, saint_layer=layer)
+    saint = build_trainer(config, LocalComm(), merged, manifest.num_classes).method
+    x, y = np.asarray(merged.x, np.float64), np.asarray(merged.y)
+
+    def reference(rows: np.ndarray, edge_index: np.ndarray) -> torch.Tensor:
+        z, edges = torch.from_numpy(x[rows]), torch.from_numpy(edge_index)
+        with torch.no_grad():
+            for k, own in enumerate(saint.model.layers):
+                conv = (SAGEConv(own.lin_l.in_channels, own.lin_l.out_channels, aggr="mean")
+                        if layer == "sage" else
+                        GCNConv(own.lin.in_channels, own.lin.out_channels)).double()
+                conv.load_state_dict(own.state_dict())
+                z = conv(z, edges)
+                z = z.relu() if k < len(saint.model.layers) - 1 else z
+        return z
+
+    if layer == "sage":
+        whole = merged.inner.tocoo()
+        expected = reference(np.arange(merged.num_nodes), np.vstack([whole.col, whole.row]))
+        difference = (saint.full_logits() - expected).abs().max().item()
+        assert difference < 1e-10, difference
+    nodes, edge_index, edge_ids = saint.walk_sampler.sample()
+    assert edge_index.shape[1] > nodes.shape[0], "the subgraph must have edges to test"
+    saint.walk_sampler.sample = lambda: (nodes, edge_index, edge_ids)
+    saint.subgraphs_per_pass = 1
+    train = torch.from_numpy(np.asarray(merged.train_mask)[nodes])
+    assert 0 < int(train.sum()) < nodes.shape[0]
+    labels = torch.from_numpy(y[nodes])
+    expected = F.cross_entropy(reference(nodes, edge_index)[train], labels[train])
+    assert saint.train_step() == pytest.approx(expected.item(), rel=1e-10)
