@@ -39,6 +39,8 @@ except ImportError:  # a scipy that moved them: the public (slower) routes still
 _CPU_THREADS = [1]
 # below this many stored entries a product runs on one thread (no thread start-up to pay)
 PARALLEL_MIN_ENTRIES = 20_000
+# (indptr, indices, data) dtypes the parallel kernel was already compiled or loaded for
+_WARM_SIGNATURES: set[tuple[np.dtype, np.dtype, np.dtype]] = set()
 
 # torch marks sparse CSR as beta; we only use CSR @ dense, which is stable.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
@@ -72,6 +74,20 @@ def _parallel_loop():
         _parallel_loop.compiled = csr_matmul
         _parallel_loop.numba = numba
     return _parallel_loop.compiled, _parallel_loop.numba
+
+
+def warm_parallel_loop(arrays: "CSRArrays") -> None:
+    """Compile (or load from numba's cache) the parallel kernel for these arrays' types, and
+    start its threads, now: at set-up rather than inside the first training step, where it
+    made the first epoch about a second longer (docs/hardware.md)."""
+    key = (arrays.indptr.dtype, arrays.indices.dtype, arrays.data.dtype)
+    if key in _WARM_SIGNATURES:
+        return
+    loop, _ = _parallel_loop()
+    dtype = arrays.data.dtype
+    loop(arrays.indptr[:1], arrays.indices[:0], arrays.data[:0], np.zeros((1, 1), dtype),
+         np.zeros((0, 1), dtype))
+    _WARM_SIGNATURES.add(key)
 
 
 def csr_matmul_host(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, shape,
@@ -207,6 +223,9 @@ class SparseMatrix:
         # for the same chunks in every layer and direction)
         self._on_device: torch.Tensor | None = None
         self._slices: dict[tuple[int, int], SparseMatrix] = {}
+        if (self.device.type == "cpu" and _CPU_THREADS[0] > 1
+                and self.arrays.nnz >= PARALLEL_MIN_ENTRIES):
+            warm_parallel_loop(self.arrays)
 
     def row_slice(self, first: int, last: int) -> "SparseMatrix":
         if (first, last) == (0, self.shape[0]):

@@ -67,6 +67,26 @@ def test_csr_product_matches_scipy_and_its_autograd_uses_the_transpose(dtype):
     np.testing.assert_array_equal(y.grad.numpy(), matrix.T.tocsr() @ weights.numpy())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_parallel_csr_kernel_is_ready_at_set_up_and_equals_scipy(dtype, monkeypatch):
+    """With --threads 2, a matrix large enough for the numba kernel compiles (or loads) it for
+    its types when it is built, not in the first product; its products equal scipy's (each
+    row's sum in the same order, so to rounding of the accumulation only)."""
+    monkeypatch.setattr(operators, "_CPU_THREADS", [2])
+    monkeypatch.setattr(operators, "_WARM_SIGNATURES", set())
+    numpy_dtype = np.float64 if dtype == torch.float64 else np.float32
+    matrix = sp.random(400, 300, density=0.2, format="csr", random_state=6, dtype=numpy_dtype)
+    assert matrix.nnz >= operators.PARALLEL_MIN_ENTRIES
+    product = SparseMatrix(CSRArrays.of(matrix), dtype)
+    arrays = product.arrays
+    assert operators._WARM_SIGNATURES == {(arrays.indptr.dtype, arrays.indices.dtype,
+                                           np.dtype(numpy_dtype))}
+    dense = np.random.default_rng(7).standard_normal((300, 9)).astype(numpy_dtype)
+    got = product.matmul(torch.from_numpy(dense)).numpy()
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-5
+    np.testing.assert_allclose(got, matrix @ dense, rtol=tolerance, atol=tolerance)
+
+
 def test_sparse_features_products_rows_and_dropout_equal_the_dense_ones():
     """SparseFeatures' X W^T (float64 accumulation, one rounding) and its gradient equal the
     dense product's; rows select, and dropout on the stored entries scales by 1/(1-p)."""
