@@ -78,8 +78,8 @@ def _parallel_loop():
 
 def warm_parallel_loop(arrays: "CSRArrays") -> None:
     """Compile (or load from numba's cache) the parallel kernel for these arrays' types, and
-    start its threads, now: at set-up rather than inside the first training step, where it
-    made the first epoch about a second longer (docs/hardware.md)."""
+    start its threads, now: at set-up rather than inside the first training step, whose time
+    it would add to the first epoch's (docs/hardware.md)."""
     key = (arrays.indptr.dtype, arrays.indices.dtype, arrays.data.dtype)
     if key in _WARM_SIGNATURES:
         return
