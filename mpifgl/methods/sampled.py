@@ -394,12 +394,12 @@ class SageMeanLayer:
 
 class GraphSAINTMethod(CentralizedPyGMethod):
     """GraphSAINT on our backbone's layer as its PyG conv (``GraphLayer.pyg_conv``: GCNConv
-    without its own normalisation, or GraphConv with sum aggregation; or SAGEConv with
-    ``--saint-layer sage``), fed pre-normalised edge
-    weights: the message u -> v weighs row_scale(v) col_scale(u) (the backbone's ``scales`` on
-    whole-graph degrees) times its aggregator weight, and the backbone's self term is a self
-    loop weighted self_scale(v) (none where the backbone has no self scale); the self loop is
-    not reweighted (node v's own row exists whenever v is sampled).
+    without its own normalisation, or GraphConv with sum aggregation; SAGEConv with
+    ``--saint-layer sage``), fed pre-normalised edge weights: the message u -> v weighs
+    row_scale(v) col_scale(u) (the layer's ``scales`` on whole-graph degrees) times its
+    aggregator weight, and the layer's self term is a self loop weighted self_scale(v) (none
+    where the layer has no self scale); the self loop is not reweighted (node v's own row
+    exists whenever v is sampled).
 
     With ``--saint-coverage 0`` nothing is pre-sampled: the scales come from the subgraph's own
     degrees and every training node of a subgraph weighs the same in its loss, as in OGB's
