@@ -6,11 +6,12 @@ numpy arrays), once per shard and once per sampled step; the products go through
 ``SparseMatrix.matmul`` (no autograd) and ``SparseOperator`` (``op @ y`` with autograd), which
 take and return torch tensors on the matrix's device. Backends:
 
-* CPU, one thread: scipy's CSR kernel on numpy views of the tensors (no copy); on sampled
-  matrices it is faster than torch's sparse CSR product (docs/training.md, "One step");
-* CPU, several threads (``set_cpu_threads``, from ``--threads``): the same loop compiled with
-  numba, rows shared out among the threads; every output row is summed by one thread in the same
-  order, so the results are scipy's bit for bit whatever the thread count;
+* CPU, several threads (``set_cpu_threads``, from ``--threads``): a CSR loop compiled with
+  numba, rows shared out among the threads; every output row is summed by one thread in
+  scipy's order, so the results are scipy's bit for bit whatever the thread count;
+* CPU, one thread: the same numba loop in a process that holds a large matrix
+  (``ONE_THREAD_KERNEL_MIN_ENTRIES``), else scipy's CSR kernel on numpy views of the tensors
+  (no copy; faster than torch's sparse CSR product on sampled matrices, docs/training.md);
 * CUDA: torch's sparse CSR product (cuSPARSE), the matrix copied to the device once.
 
 Nothing outside this module multiplies with scipy or sees the numpy array of a product.
@@ -39,6 +40,11 @@ except ImportError:  # a scipy that moved them: the public (slower) routes still
 _CPU_THREADS = [1]
 # below this many stored entries a product runs on one thread (no thread start-up to pay)
 PARALLEL_MIN_ENTRIES = 20_000
+# On one thread the numba loop is 1.2-1.8x as fast as scipy's on matrices of a million entries
+# and more, about as fast below (benchmarks/bench_kernels.py), and loading it costs a process
+# about 0.7 s: a process loads it when it builds a matrix this large, then uses it for every
+# product of PARALLEL_MIN_ENTRIES or more (the same sums in the same order: the same bits).
+ONE_THREAD_KERNEL_MIN_ENTRIES = 1_000_000
 # (indptr, indices, data) dtypes the parallel kernel was already compiled or loaded for
 _WARM_SIGNATURES: set[tuple[np.dtype, np.dtype, np.dtype]] = set()
 
@@ -93,11 +99,13 @@ def warm_parallel_loop(arrays: "CSRArrays") -> None:
 def csr_matmul_host(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, shape,
                     dense: np.ndarray) -> np.ndarray:
     """CSR (indptr, indices, data) of ``shape`` @ a C-contiguous 2-D host array of the data's
-    dtype -> a fresh array; scipy's kernel on one thread, the numba loop on several."""
+    dtype -> a fresh array: the numba loop on several threads, or on one once this process
+    loaded it for these types (``ONE_THREAD_KERNEL_MIN_ENTRIES``), else scipy's kernel."""
     rows, cols = shape
     out = np.zeros((rows, dense.shape[1]), dtype=dense.dtype)
     threads = _CPU_THREADS[0]
-    if threads > 1 and indices.shape[0] >= PARALLEL_MIN_ENTRIES:
+    if indices.shape[0] >= PARALLEL_MIN_ENTRIES and (
+            threads > 1 or (indptr.dtype, indices.dtype, data.dtype) in _WARM_SIGNATURES):
         loop, numba = _parallel_loop()
         numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
         loop(indptr, indices, data, dense, out)
@@ -223,8 +231,8 @@ class SparseMatrix:
         # for the same chunks in every layer and direction)
         self._on_device: torch.Tensor | None = None
         self._slices: dict[tuple[int, int], SparseMatrix] = {}
-        if (self.device.type == "cpu" and _CPU_THREADS[0] > 1
-                and self.arrays.nnz >= PARALLEL_MIN_ENTRIES):
+        if self.device.type == "cpu" and self.arrays.nnz >= (
+                PARALLEL_MIN_ENTRIES if _CPU_THREADS[0] > 1 else ONE_THREAD_KERNEL_MIN_ENTRIES):
             warm_parallel_loop(self.arrays)
 
     def row_slice(self, first: int, last: int) -> "SparseMatrix":

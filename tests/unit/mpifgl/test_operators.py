@@ -87,6 +87,40 @@ def test_the_parallel_csr_kernel_is_ready_at_set_up_and_equals_scipy(dtype, monk
     np.testing.assert_allclose(got, matrix @ dense, rtol=tolerance, atol=tolerance)
 
 
+def test_one_thread_uses_the_numba_kernel_once_a_large_matrix_loaded_it(monkeypatch):
+    """On one thread a small matrix keeps scipy's kernel (numba is not loaded for it); a matrix
+    of ONE_THREAD_KERNEL_MIN_ENTRIES loads the numba loop at set-up, and from then on every
+    product of PARALLEL_MIN_ENTRIES or more of those types runs on it, equal to scipy's bit for
+    bit (each row summed in the same order)."""
+    monkeypatch.setattr(operators, "_CPU_THREADS", [1])
+    monkeypatch.setattr(operators, "_WARM_SIGNATURES", set())
+    monkeypatch.setattr(operators, "ONE_THREAD_KERNEL_MIN_ENTRIES", 40_000)
+    ran_numba = []
+    loop, numba = operators._parallel_loop()
+    monkeypatch.setattr(operators, "_parallel_loop",
+                        lambda: (lambda *a: ran_numba.append(1) or loop(*a), numba))
+    rng = np.random.default_rng(8)
+    small = sp.random(300, 300, density=0.3, format="csr", random_state=9, dtype=np.float32)
+    assert operators.PARALLEL_MIN_ENTRIES <= small.nnz < 40_000
+    dense = rng.standard_normal((300, 7)).astype(np.float32)
+    small_product = SparseMatrix(CSRArrays.of(small), torch.float32)
+    assert not operators._WARM_SIGNATURES
+    np.testing.assert_array_equal(small_product.matmul(torch.from_numpy(dense)).numpy(),
+                                  small @ dense)
+    assert not ran_numba  # scipy's kernel
+
+    large = sp.random(400, 300, density=0.4, format="csr", random_state=10, dtype=np.float32)
+    assert large.nnz >= 40_000
+    large_product = SparseMatrix(CSRArrays.of(large), torch.float32)
+    assert len(operators._WARM_SIGNATURES) == 1 and ran_numba  # loaded at set-up
+    ran_numba.clear()
+    np.testing.assert_array_equal(large_product.matmul(torch.from_numpy(dense)).numpy(),
+                                  large @ dense)
+    np.testing.assert_array_equal(small_product.matmul(torch.from_numpy(dense)).numpy(),
+                                  small @ dense)
+    assert len(ran_numba) == 2  # both products on the numba loop now
+
+
 def test_sparse_features_products_rows_and_dropout_equal_the_dense_ones():
     """SparseFeatures' X W^T (float64 accumulation, one rounding) and its gradient equal the
     dense product's; rows select, and dropout on the stored entries scales by 1/(1-p)."""
