@@ -40,10 +40,10 @@ except ImportError:  # a scipy that moved them: the public (slower) routes still
 _CPU_THREADS = [1]
 # below this many stored entries a product runs on one thread (no thread start-up to pay)
 PARALLEL_MIN_ENTRIES = 20_000
-# On one thread the numba loop is 1.2-1.8x as fast as scipy's on matrices of a million entries
-# and more, about as fast below (benchmarks/bench_kernels.py), and loading it costs a process
-# about 0.7 s: a process loads it when it builds a matrix this large, then uses it for every
-# product of PARALLEL_MIN_ENTRIES or more (the same sums in the same order: the same bits).
+# On one thread the numba loop beats scipy's on matrices this large and only ties below, and
+# loading numba costs a process a noticeable start-up (docs/hardware.md,
+# benchmarks/bench_kernels.py): a process loads it when it builds a matrix this large, then
+# uses it for every product of PARALLEL_MIN_ENTRIES or more (same sums, same order, same bits).
 ONE_THREAD_KERNEL_MIN_ENTRIES = 1_000_000
 # (indptr, indices, data) dtypes the parallel kernel was already compiled or loaded for
 _WARM_SIGNATURES: set[tuple[np.dtype, np.dtype, np.dtype]] = set()
