@@ -27,3 +27,36 @@ def test_importing_loads_no_heavy_or_mpi_package(modules, forbidden):
                           capture_output=True, text=True, timeout=100)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [], f"importing {modules} loaded {done.stdout.split()}"
+
+
+# Allocates a 16 MB tensor after importing mpifgl and prints whether its memory carries the
+# huge-page advice ("hg" among the VmFlags of the mapping that holds it).
+HUGE_PAGE_PROBE = """
+import mpifgl  # noqa: F401  (first, as in every entry point)
+import torch
+tensor = torch.ones(4 << 20)
+address = tensor.data_ptr()
+flags, inside = [], False
+with open("/proc/self/smaps") as smaps:
+    for line in smaps:
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            low, high = (int(part, 16) for part in head.split("-"))
+            inside = low <= address < high
+        elif inside and head == "VmFlags:":
+            flags = line.split()[1:]
+print("hg" in flags)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps is Linux's")
+@pytest.mark.parametrize("setting,advised", [(None, True), ("0", False)], ids=["default", "off"])
+def test_large_cpu_tensors_go_on_huge_pages_unless_the_environment_says_no(setting, advised):
+    env = {name: value for name, value in mpi_env().items() if name != "THP_MEM_ALLOC_ENABLE"}
+    if setting is not None:
+        env["THP_MEM_ALLOC_ENABLE"] = setting
+    done = subprocess.run([sys.executable, "-c", HUGE_PAGE_PROBE], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(advised)]
