@@ -31,10 +31,13 @@ import numpy as np
 import torch
 
 from fgl_common.diskspace import explain_disk_full
-from fgl_common.ownership import owner_is_dead, this_owner
+from fgl_common.ownership import owner_is_dead, owner_tag, this_owner
 
 CHECKPOINT_NAME = "checkpoint.pt"
 LOCK_NAME = ".lock"
+# the owner record a run links to LOCK_NAME: ``.lock.<host>-<pid>-<random>.tmp``; it exists
+# before the lock is taken, so only a record of a dead process is a leftover
+LOCK_RECORD_PREFIX = LOCK_NAME + "."
 OUTPUT_NAMES = ("config.json", "metrics.jsonl", "final.json", "model.pt", "logits.npy",
                 CHECKPOINT_NAME)
 
@@ -109,7 +112,8 @@ class RunLock:
     def acquire(self) -> None:
         record = json.dumps(this_owner(), sort_keys=True) + "\n"
         for _ in range(3):  # after removing a stale lock, link again
-            handle, tmp = tempfile.mkstemp(prefix=".lock.", suffix=".tmp", dir=self.path.parent)
+            handle, tmp = tempfile.mkstemp(prefix=f"{LOCK_RECORD_PREFIX}{owner_tag()}-",
+                                           suffix=".tmp", dir=self.path.parent)
             try:
                 os.fchmod(handle, file_mode())
                 os.write(handle, record.encode())
@@ -120,7 +124,7 @@ class RunLock:
                 continue
             finally:
                 os.close(handle)
-                os.unlink(tmp)
+                Path(tmp).unlink(missing_ok=True)
             self.handle = os.open(self.path, os.O_RDONLY)
             _flock(self.handle, blocking=True)
             fsync_directory(self.path.parent)
@@ -197,15 +201,26 @@ def default_run_dir(dataset: str, algo: str) -> Path:
 
 
 def remove_leftovers(directory: Path) -> list[str]:
-    """Remove the temporary files of interrupted writes (``.NAME.*.tmp``: ``atomic_write`` and
-    the lock's owner record) from a run directory whose lock this process holds, so no writer
-    of them is alive. Returns the names removed."""
+    """Remove the temporary files of interrupted writes (``.NAME.*.tmp``: ``atomic_write``,
+    whose writers held the lock this process holds now, so none of them is alive; and the lock
+    owner records of dead processes) from a run directory. Returns the names removed."""
     removed = []
     for entry in sorted(Path(directory).iterdir()):
         if entry.name.startswith(".") and entry.name.endswith(".tmp") and entry.is_file():
+            if entry.name.startswith(LOCK_RECORD_PREFIX) and not _lock_record_is_dead(entry.name):
+                continue  # another run, starting at this moment, is about to try the lock
             entry.unlink(missing_ok=True)
             removed.append(entry.name)
     return removed
+
+
+def _lock_record_is_dead(name: str) -> bool:
+    """Whether the process that wrote the owner record ``name`` is gone (``owner_is_dead``);
+    a record named in the older ``.lock.<random>.tmp`` form carries no owner: dead."""
+    parts = name[len(LOCK_RECORD_PREFIX):-len(".tmp")].rsplit("-", 2)
+    if len(parts) != 3 or not parts[1].isdigit():
+        return True
+    return owner_is_dead(parts[0], int(parts[1]))
 
 
 def claim_run_dir(run_dir: str | os.PathLike, force: bool, resume: bool,
@@ -235,7 +250,10 @@ def claim_run_dir(run_dir: str | os.PathLike, force: bool, resume: bool,
         raise
     except OSError as exc:
         if created:
-            path.rmdir()
+            try:
+                path.rmdir()
+            except OSError:
+                pass  # another run's files are in it already: theirs to keep
         culprit = Path(exc.filename) if exc.filename else path
         if isinstance(exc, FileExistsError) and not culprit.is_dir():
             reason = f"{culprit} is a file, not a directory"

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import errno
 import json
+import multiprocessing
 import os
 import socket
+import time
 from pathlib import Path
 
 import numpy as np
@@ -192,6 +194,58 @@ def test_the_next_run_removes_a_killed_runs_temporary_files_and_lock(tmp_path):
                                  ".model.pt.a.tmp"]
     assert sorted(p.name for p in run.iterdir()) == [LOCK_NAME, "config.json"]
     claimed.release()
+
+
+def test_the_lock_record_of_a_run_starting_now_is_not_a_leftover(tmp_path):
+    """A run about to link its owner record to .lock must find the record still there: the
+    run that took the lock first removes only the records of dead processes."""
+    run = tmp_path / "run"
+    run.mkdir()
+    live = f"{LOCK_NAME}.{socket.gethostname()}-{os.getpid()}-abc123.tmp"
+    dead = f"{LOCK_NAME}.{socket.gethostname()}-{dead_pid()}-def456.tmp"
+    older_form = f"{LOCK_NAME}.x7y8z9.tmp"  # from a version whose records named no owner
+    for name in (live, dead, older_form):
+        (run / name).write_text("{}")
+    claimed = claim_run_dir(run, False, False)
+    assert claimed.leftovers == sorted([dead, older_form])
+    assert sorted(p.name for p in run.iterdir()) == sorted([LOCK_NAME, live])
+    claimed.release()
+
+
+def _claim_together(path: str, barrier, results) -> None:
+    barrier.wait()
+    try:
+        claimed = claim_run_dir(path, False, False)
+    except RunDirError as exc:
+        results.put(("refused", str(exc)))
+        return
+    except BaseException as exc:  # anything else is the bug this test looks for
+        results.put(("failed", f"{type(exc).__name__}: {exc}"))
+        return
+    time.sleep(0.02)  # hold it while the other one tries
+    claimed.release()
+    results.put(("claimed", ""))
+
+
+@pytest.mark.timeout(120)
+def test_two_runs_claiming_one_new_directory_at_once(tmp_path):
+    """One takes it, the other is told it is in use, every time; never an OSError of the
+    other's temporary files (a winner used to delete the loser's lock record under it)."""
+    context = multiprocessing.get_context("fork")
+    outcomes = []
+    for round_ in range(40):
+        barrier, results = context.Barrier(2), context.Queue()
+        workers = [context.Process(target=_claim_together,
+                                   args=(str(tmp_path / f"run{round_}"), barrier, results))
+                   for _ in range(2)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(30)
+        outcomes.append(sorted(results.get(timeout=5) for _ in workers))
+    for outcome in outcomes:
+        assert [kind for kind, _ in outcome] == ["claimed", "refused"], outcome
+        assert "is in use by another run" in outcome[1][1], outcome
 
 
 def test_a_run_that_never_started_leaves_no_directory(tmp_path):
