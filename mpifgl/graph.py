@@ -55,6 +55,18 @@ class ClientGraph:
     def cross_arrays(self) -> "CSRArrays":
         return CSRArrays.of(self.cross)
 
+    @cached_property
+    def cross_transposed(self) -> "tuple[CSRArrays, np.ndarray]":
+        """The transposed cross block without its empty rows, once per run: (CSR [t, n_i] of
+        its rows, their client-ordered indices [t], ascending). Every sampled step selects its
+        exchange plan from it (``CrossExchangePlan.of_sample``) instead of transposing."""
+        transposed = self.cross_arrays.transpose()
+        touched = np.flatnonzero(np.diff(transposed.indptr)).astype(np.int64)
+        indptr = np.concatenate([[0], transposed.indptr[touched + 1]]).astype(np.int64)
+        rows = CSRArrays(indptr, transposed.indices, transposed.data,
+                         (int(touched.shape[0]), self.num_nodes)).compact_indices()
+        return rows, touched
+
     @property
     def num_nodes(self) -> int:
         return int(self.global_id.shape[0])
@@ -139,19 +151,43 @@ class CrossExchangePlan:
         return offsets(self.segment_rows)
 
     @classmethod
-    def of_cross_block(cls, cross: CSRArrays, segment_rows: np.ndarray, own: int,
-                       dtype: torch.dtype, device: torch.device | str = "cpu"
-                       ) -> "CrossExchangePlan":
-        """From A_i,cross[S_i, S] [|S_i|, n_S]. Its transpose's empty rows are dropped (their
-        entries are contiguous already, so only indptr changes)."""
-        transposed = cross.transpose()
-        touched = np.flatnonzero(np.diff(transposed.indptr)).astype(np.int64)
-        indptr = np.concatenate([[0], transposed.indptr[touched + 1]]).astype(np.int64)
-        send_rows = CSRArrays(indptr, transposed.indices, transposed.data,
-                              (int(touched.shape[0]), int(cross.shape[0])))
-        receive_rows = np.flatnonzero(np.diff(cross.indptr)).astype(np.int64)
-        return cls(SparseMatrix(send_rows, dtype, device), touched, receive_rows, segment_rows,
-                   own)
+    def of_full_graph(cls, graph: ClientGraph, dtype: torch.dtype,
+                      device: torch.device | str = "cpu") -> "CrossExchangePlan":
+        """Every node of every client: the whole transposed cross block."""
+        rows, touched = graph.cross_transposed
+        return cls._of_rows(rows, touched, graph.client_sizes.copy(), graph.client_id, dtype,
+                            device)
+
+    @classmethod
+    def of_sample(cls, graph: ClientGraph, own_position: np.ndarray, col_map: np.ndarray,
+                  segment_rows: np.ndarray, dtype: torch.dtype,
+                  device: torch.device | str = "cpu") -> "CrossExchangePlan":
+        """The sample S: the rows of the transposed cross block at sampled nodes of other
+        clients, their entries at this client's sampled rows. ``own_position[r]``: position of
+        own row r in this client's sample, or -1; ``col_map[c]``: S-position of client-ordered
+        node c, or -1. The transposed cross block of the sample, rows and entries in the same
+        order as transposing it afresh, without a transpose per step."""
+        rows, touched = graph.cross_transposed
+        position = col_map[touched]
+        sampled = np.flatnonzero(position >= 0)
+        selected = rows.select(sampled, own_position, int(np.count_nonzero(own_position >= 0)))
+        nonempty = np.flatnonzero(np.diff(selected.indptr))  # rows left with no sampled entry
+        indptr = np.concatenate([[0], selected.indptr[nonempty + 1]]).astype(np.int64)
+        kept = CSRArrays(indptr, selected.indices, selected.data,
+                         (int(nonempty.shape[0]), selected.shape[1]))
+        return cls._of_rows(kept, position[sampled[nonempty]], segment_rows, graph.client_id,
+                            dtype, device)
+
+    @classmethod
+    def _of_rows(cls, send_rows: CSRArrays, touched: np.ndarray, segment_rows: np.ndarray,
+                 own: int, dtype: torch.dtype, device: torch.device | str
+                 ) -> "CrossExchangePlan":
+        """From the touched rows of the transposed cross block [t, |S_i|]; this client's rows
+        with a cross edge are the columns those rows use."""
+        used = np.bincount(send_rows.indices, minlength=send_rows.shape[1])
+        receive_rows = np.flatnonzero(used).astype(np.int64)
+        return cls(SparseMatrix(send_rows, dtype, device), touched.astype(np.int64),
+                   receive_rows, segment_rows, own)
 
     @classmethod
     def of_server(cls, segment_rows: np.ndarray) -> "CrossExchangePlan":
@@ -186,27 +222,25 @@ def build_operator(graph: ClientGraph, backbone: str, samples: list[np.ndarray] 
     if own < 0 and exchanged:
         segments = graph.client_sizes if samples is None else [s.shape[0] for s in samples]
         return _server_operator(np.asarray(segments, dtype=np.int64), dtype, device)
+    plan = None
     if samples is None:
         rows = np.arange(n_i, dtype=np.int64)
         inner = graph.inner_arrays
-        cross = graph.cross_arrays if exchanged else None
-        segment_rows = graph.client_sizes.copy()
+        if exchanged:
+            plan = CrossExchangePlan.of_full_graph(graph, dtype, device)
     else:
         rows = samples[own] if own >= 0 else np.zeros(0, dtype=np.int64)
         inner_map = np.full(n_i, -1, dtype=np.int64)
         inner_map[rows] = np.arange(rows.shape[0])
         inner = graph.inner_arrays.select(rows, inner_map, rows.shape[0])
-        cross = None
         if exchanged:
-            col_map, total = sample_columns(graph, samples)
-            cross = graph.cross_arrays.select(rows, col_map, total)
-        segment_rows = np.asarray([s.shape[0] for s in samples], dtype=np.int64)
+            col_map, _ = sample_columns(graph, samples)
+            segment_rows = np.asarray([s.shape[0] for s in samples], dtype=np.int64)
+            plan = CrossExchangePlan.of_sample(graph, inner_map, col_map, segment_rows, dtype,
+                                               device)
     p = np.ones(rows.shape[0]) if probability is None else probability
     scale = layer_type(backbone).scales(torch.from_numpy(graph.degree[rows].astype(np.float64)),
                                         torch.from_numpy(np.asarray(p, dtype=np.float64)))
-    plan = None
-    if cross is not None:
-        plan = CrossExchangePlan.of_cross_block(cross, segment_rows, own, dtype, device)
     as_col = lambda v: v.to(device=device, dtype=dtype)[:, None]  # noqa: E731
     return LayerOperator(torch.from_numpy(rows).to(device), SparseOperator(inner, dtype, device),
                          as_col(scale.row), as_col(scale.col), as_col(scale.self), plan)

@@ -268,6 +268,8 @@ def uniform_draws(shape: tuple[int, ...], rng: RandomStream) -> torch.Tensor:
 
 # Fewer draws than this are made on one thread: a thread costs more than it saves.
 PARALLEL_DRAWS = 1 << 20
+# draws per block of one dropout mask (a float32 block and its comparison fit in L2)
+DRAW_BLOCK = 1 << 15
 
 
 def dropout_mask(rng: np.random.Generator, shape: tuple[int, ...], p: float, dtype: type,
@@ -285,10 +287,18 @@ def dropout_mask(rng: np.random.Generator, shape: tuple[int, ...], p: float, dty
     flat_times = None if times is None else np.ascontiguousarray(times, dtype=dtype).reshape(-1)
 
     def piece(generator: np.random.Generator, start: int, stop: int) -> None:
-        np.multiply(generator.random(stop - start, dtype=np.float32) >= p, scale,
-                    out=mask[start:stop])
-        if flat_times is not None:
-            np.multiply(mask[start:stop], flat_times[start:stop], out=mask[start:stop])
+        # in blocks that stay in cache, drawn into two small buffers: no temporary arrays of
+        # the mask's size (the generator's stream is the same however its draws are split)
+        draws = np.empty(min(DRAW_BLOCK, stop - start), dtype=np.float32)
+        keep = np.empty(draws.shape[0], dtype=bool)
+        for first in range(start, stop, DRAW_BLOCK):
+            last = min(first + DRAW_BLOCK, stop)
+            block = draws[:last - first]
+            generator.random(out=block, dtype=np.float32)
+            np.greater_equal(block, p, out=keep[:last - first])
+            np.multiply(keep[:last - first], scale, out=mask[first:last])
+            if flat_times is not None:
+                np.multiply(mask[first:last], flat_times[first:last], out=mask[first:last])
 
     state = rng.bit_generator.state
     pieces = min(threads, n // PARALLEL_DRAWS)

@@ -124,7 +124,9 @@ class NodeSampler:
         if n == 0 or self.draws == 0:
             return NodeSample(np.zeros(0, np.int64), np.zeros(0))
         drawn = self.rng.choice(n, size=self.draws, replace=True, p=self.distribution)
-        index = np.unique(drawn).astype(np.int64)
+        seen = np.zeros(n, dtype=bool)  # distinct and sorted in one pass: np.unique sorts draws
+        seen[drawn] = True
+        index = np.flatnonzero(seen).astype(np.int64, copy=False)
         probability = self.inclusion[index] if self.normalize else np.ones(index.shape[0])
         return NodeSample(index, probability)
 

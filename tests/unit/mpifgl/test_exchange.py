@@ -12,7 +12,7 @@ import torch
 from fgl_common.shard_format import load_client_shard, read_manifest, shard_filename
 from mpifgl.config import TrainConfig
 from mpifgl.exchange import CrossClientSums, build_exchange, chunk_bounds
-from mpifgl.graph import ClientGraph, build_operator
+from mpifgl.graph import ClientGraph, build_operator, sample_columns
 from mpifgl.model import GNN
 from mpifgl.registry import EXCHANGES
 from mpifgl.sampling import steps_for_sample
@@ -71,6 +71,32 @@ def test_plan_rows_are_the_non_zero_rows_of_the_dense_terms(toy_shards):
         for j, plan in enumerate(plans):
             reached = np.flatnonzero(sums[starts[j]:starts[j + 1]].any(axis=1))
             assert reached.tolist() == plan.receive_rows.tolist()
+
+
+def test_a_sampled_plan_is_the_transpose_of_the_sampled_cross_block(toy_shards):
+    """Selected from the run's one transposed cross block, a step's plan holds the same rows,
+    entries and values in the same order as transposing that step's cross block afresh, so
+    its products are the same bits."""
+    graphs = client_graphs(toy_shards(3, seed=2))
+    rng = np.random.default_rng(3)
+    for fraction in (1.0, 0.6, 0.2, 0.0):
+        samples = [np.sort(rng.choice(g.num_nodes, int(g.num_nodes * fraction), replace=False))
+                   for g in graphs]
+        col_map, total = sample_columns(graphs[0], samples)
+        for graph, rows in zip(graphs, samples):
+            plan = build_operator(graph, "gcn", samples, None, torch.float32, True).exchange
+            fresh = graph.cross.tocsr()[rows][:, np.flatnonzero(col_map >= 0)].T.tocsr()
+            fresh.sort_indices()
+            touched = np.flatnonzero(np.diff(fresh.indptr))
+            fresh = fresh[touched]
+            arrays = plan.send_rows.arrays
+            assert plan.touched.tolist() == touched.tolist()
+            assert arrays.shape == fresh.shape
+            assert arrays.indptr.tolist() == fresh.indptr.tolist()
+            assert arrays.indices.tolist() == fresh.indices.tolist()
+            assert arrays.data.tobytes() == fresh.data.astype(np.float32).tobytes()
+            with_edge = np.flatnonzero(np.diff(graph.cross.tocsr()[rows][:, col_map >= 0].indptr))
+            assert plan.receive_rows.tolist() == with_edge.tolist()
 
 
 def islands_shards(tmp_path):

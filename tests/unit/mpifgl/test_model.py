@@ -128,6 +128,22 @@ def test_the_dropout_mask_on_several_threads_is_one_threads_mask(monkeypatch, sh
     assert pools == ([3] if even else [])  # the threads ran where they may (first_draws 0)
 
 
+@pytest.mark.parametrize("block", [777, 1 << 15])
+def test_the_dropout_mask_drawn_in_blocks_is_one_draw_of_the_stream(monkeypatch, block):
+    """Drawn in blocks (an odd size splits 64-bit steps between blocks), the mask is the one
+    call's draws >= p, and the stream ends where one call leaves it."""
+    from mpifgl import model
+    monkeypatch.setattr(model, "DRAW_BLOCK", block)
+    for first_draws in (0, 1):
+        blocked, whole = np.random.default_rng(4), np.random.default_rng(4)
+        blocked.random(first_draws, dtype=np.float32)
+        whole.random(first_draws, dtype=np.float32)
+        mask = model.dropout_mask(blocked, (301, 257), 0.4, np.float32, threads=1)
+        expected = (whole.random(301 * 257, dtype=np.float32) >= 0.4) * np.float32(1 / 0.6)
+        assert np.array_equal(mask.reshape(-1), expected)
+        assert blocked.bit_generator.state == whole.bit_generator.state
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_dropout_keeps_one_minus_p_scaled_and_is_reproducible(dtype):
     from mpifgl.model import dropout
