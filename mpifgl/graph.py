@@ -56,6 +56,11 @@ class ClientGraph:
         return CSRArrays.of(self.cross)
 
     @cached_property
+    def inner_transposed(self) -> "CSRArrays":
+        """A_ii^T, once per run: a sampled step selects its inner block's transpose from it."""
+        return self.inner_arrays.transpose()
+
+    @cached_property
     def cross_transposed(self) -> "tuple[CSRArrays, np.ndarray]":
         """The transposed cross block without its empty rows, once per run: (CSR [t, n_i] of
         its rows, their client-ordered indices [t], ascending). Every sampled step selects its
@@ -226,6 +231,7 @@ def build_operator(graph: ClientGraph, backbone: str, samples: list[np.ndarray] 
     if samples is None:
         rows = np.arange(n_i, dtype=np.int64)
         inner = graph.inner_arrays
+        inner_transposed = graph.inner_transposed
         if exchanged:
             plan = CrossExchangePlan.of_full_graph(graph, dtype, device)
     else:
@@ -233,6 +239,8 @@ def build_operator(graph: ClientGraph, backbone: str, samples: list[np.ndarray] 
         inner_map = np.full(n_i, -1, dtype=np.int64)
         inner_map[rows] = np.arange(rows.shape[0])
         inner = graph.inner_arrays.select(rows, inner_map, rows.shape[0])
+        # the transpose of the selection is the selection of the transpose, in the same order
+        inner_transposed = graph.inner_transposed.select(rows, inner_map, rows.shape[0])
         if exchanged:
             col_map, _ = sample_columns(graph, samples)
             segment_rows = np.asarray([s.shape[0] for s in samples], dtype=np.int64)
@@ -242,7 +250,8 @@ def build_operator(graph: ClientGraph, backbone: str, samples: list[np.ndarray] 
     scale = layer_type(backbone).scales(torch.from_numpy(graph.degree[rows].astype(np.float64)),
                                         torch.from_numpy(np.asarray(p, dtype=np.float64)))
     as_col = lambda v: v.to(device=device, dtype=dtype)[:, None]  # noqa: E731
-    return LayerOperator(torch.from_numpy(rows).to(device), SparseOperator(inner, dtype, device),
+    return LayerOperator(torch.from_numpy(rows).to(device),
+                         SparseOperator(inner, dtype, device, inner_transposed),
                          as_col(scale.row), as_col(scale.col), as_col(scale.self), plan)
 
 

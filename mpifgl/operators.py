@@ -264,11 +264,14 @@ class SparseOperator:
     """A constant sparse matrix with its transpose precomputed, for y -> M y with autograd."""
 
     def __init__(self, matrix: "sp.csr_matrix | CSRArrays", dtype: torch.dtype,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", transpose: CSRArrays | None = None):
+        """``transpose``: the matrix's transpose where the caller has it already (each row's
+        entries in ascending column order, as ``CSRArrays.transpose`` gives)."""
         arrays = matrix if isinstance(matrix, CSRArrays) else CSRArrays.of(matrix)
         self.shape = arrays.shape
         self.forward_matrix = SparseMatrix(arrays, dtype, device)
-        self.transpose_matrix = SparseMatrix(arrays.transpose(), dtype, device)
+        self.transpose_matrix = SparseMatrix(
+            arrays.transpose() if transpose is None else transpose, dtype, device)
 
     def __matmul__(self, dense: torch.Tensor) -> torch.Tensor:
         return _SparseMatmul.apply(dense, self)

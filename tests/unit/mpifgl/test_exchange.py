@@ -76,7 +76,7 @@ def test_plan_rows_are_the_non_zero_rows_of_the_dense_terms(toy_shards):
 def test_a_sampled_plan_is_the_transpose_of_the_sampled_cross_block(toy_shards):
     """Selected from the run's one transposed cross block, a step's plan holds the same rows,
     entries and values in the same order as transposing that step's cross block afresh, so
-    its products are the same bits."""
+    its products are the same bits; so does the inner block's transpose (its backward)."""
     graphs = client_graphs(toy_shards(3, seed=2))
     rng = np.random.default_rng(3)
     for fraction in (1.0, 0.6, 0.2, 0.0):
@@ -97,6 +97,12 @@ def test_a_sampled_plan_is_the_transpose_of_the_sampled_cross_block(toy_shards):
             assert arrays.data.tobytes() == fresh.data.astype(np.float32).tobytes()
             with_edge = np.flatnonzero(np.diff(graph.cross.tocsr()[rows][:, col_map >= 0].indptr))
             assert plan.receive_rows.tolist() == with_edge.tolist()
+            inner = build_operator(graph, "gcn", samples, None, torch.float32, True).inner
+            fresh_inner = inner.forward_matrix.arrays.transpose().with_dtype(torch.float32)
+            selected = inner.transpose_matrix.arrays
+            for name in ("indptr", "indices"):
+                assert getattr(selected, name).tolist() == getattr(fresh_inner, name).tolist()
+            assert selected.data.tobytes() == fresh_inner.data.tobytes()
 
 
 def islands_shards(tmp_path):
