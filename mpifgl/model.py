@@ -95,8 +95,10 @@ def _glorot(weight: torch.Tensor, generator: torch.Generator) -> None:
 
 
 def _add(total: torch.Tensor, term: torch.Tensor) -> torch.Tensor:
-    """total + term; in place when autograd is off (the same rounding either way)."""
-    return total + term if torch.is_grad_enabled() else total.add_(term)
+    """total + term, in place: ``total`` is a sum the layer has just computed, which no
+    autograd node saved (an addition's gradient needs neither operand), so training writes
+    no fresh [k, d] tensor either. The same rounding as total + term."""
+    return total.add_(term)
 
 
 class GraphLayer(nn.Module):
@@ -139,14 +141,14 @@ class GraphLayer(nn.Module):
     def propagate(self, y: torch.Tensor, op: LayerOperator, index: int = 0) -> torch.Tensor:
         """row_scale * (A_ii y + sum_{j != i} A_ij y_j): the cross-client sum through this
         layer's ``index``-th hook, if one is attached and the operator has a plan."""
-        total = op.inner @ y
+        total = op.inner @ y  # a fresh tensor that no autograd node saves: summed in place
         if self.cross_sums and op.exchange is not None:
             cross_sum = self.cross_sums[index]
             if torch.is_grad_enabled():
-                total = total + cross_sum(op.exchange, y)
+                total.add_(cross_sum(op.exchange, y))
             else:
                 cross_sum.add_into(op.exchange, y, total)
-        return op.row_scale * total if torch.is_grad_enabled() else total.mul_(op.row_scale)
+        return total.mul_(op.row_scale)  # the scale takes no gradient: total is not saved
 
     def forward(self, z: Features, op: LayerOperator) -> torch.Tensor:
         if torch.is_grad_enabled():
@@ -373,7 +375,7 @@ class GNN(nn.Module):
         for k, layer in enumerate(self.layers):
             z = self._layer(k, layer, z, op, rng if self.training else None)
             if k < len(self.layers) - 1:
-                z = torch.relu(z) if torch.is_grad_enabled() else torch.relu_(z)
+                z = torch.relu_(z)  # the layer's fresh output: its gradient needs the result only
         return z
 
     def _layer(self, k: int, layer: GraphLayer, z: Features, op: LayerOperator,
