@@ -171,7 +171,7 @@ class CSRArrays:
 
     def transpose(self) -> "CSRArrays":
         """The transpose in CSR, each row's entries in ascending column order (a counting sort,
-        linear in the entries: every sampled step transposes its cross block)."""
+        linear in the entries)."""
         rows, cols = self.shape
         if _csr_tocsc is None:
             row_of = np.repeat(np.arange(rows, dtype=np.int64), np.diff(self.indptr))
