@@ -5,10 +5,11 @@
         [--client 0] [--steps 100] [--repeats 5]
 
 What one client rank computes per step of ``ours`` (label-guided sample of ``--sample-size``
-draws over all clients, by default the program's: n/4, n above 20,000 nodes; 2-layer GCN, hidden 128, dropout 0.2), in one process on one torch thread: the
-phases of ``GNNMethod.train_step`` with the cross-client sums replaced by zeros of the right
-shape. Prints the best of ``--repeats`` means over ``--steps`` steps (process CPU time, the
-least disturbed by other load) and the phases' shares. Comparing commits: run it alternately
+draws over all clients, by default the program's: n/4, n above 20,000 nodes; 2-layer GCN,
+hidden 128, dropout 0.2), in one process on one torch thread: the phases of
+``GNNMethod.train_step`` with the cross-client sums replaced by zeros of the right shape.
+Prints the best of ``--repeats`` means over ``--steps`` steps (process CPU time, the least
+disturbed by other load) and the phases' shares. Comparing commits: run it alternately
 from two checkouts (``python /path/to/checkout/benchmarks/bench_step.py ...``); this virtual
 machine's speed drifts by up to 30% within the hour. Asserts nothing.
 """

@@ -58,6 +58,15 @@ def owner_tag() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+def tagged_owner(tagged: str) -> tuple[str, int] | None:
+    """(host, pid) of a name part ``<host>-<pid>-<random>`` (``owner_tag`` plus a suffix
+    without '-'), None where it is not of that form."""
+    parts = tagged.rsplit("-", 2)
+    if len(parts) != 3 or not parts[1].isdigit():
+        return None
+    return parts[0], int(parts[1])
+
+
 def remove_dead_owners(parent: Path, prefix: str) -> list[Path]:
     """Remove the entries ``<prefix><host>-<pid>-<random>`` of ``parent`` whose owner is dead
     (see ``owner_is_dead``); return what was removed. Unreadable folders are left alone."""
@@ -67,10 +76,10 @@ def remove_dead_owners(parent: Path, prefix: str) -> list[Path]:
     except OSError:
         return removed
     for entry in entries:
-        parts = entry.name[len(prefix):].rsplit("-", 2)
-        if len(parts) != 3 or not parts[1].isdigit():
+        owner = tagged_owner(entry.name[len(prefix):])
+        if owner is None:
             continue
-        if owner_is_dead(parts[0], int(parts[1])):
+        if owner_is_dead(*owner):
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)
     return removed

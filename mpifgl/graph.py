@@ -65,12 +65,8 @@ class ClientGraph:
         """The transposed cross block without its empty rows, once per run: (CSR [t, n_i] of
         its rows, their client-ordered indices [t], ascending). Every sampled step selects its
         exchange plan from it (``CrossExchangePlan.of_sample``) instead of transposing."""
-        transposed = self.cross_arrays.transpose()
-        touched = np.flatnonzero(np.diff(transposed.indptr)).astype(np.int64)
-        indptr = np.concatenate([[0], transposed.indptr[touched + 1]]).astype(np.int64)
-        rows = CSRArrays(indptr, transposed.indices, transposed.data,
-                         (int(touched.shape[0]), self.num_nodes)).compact_indices()
-        return rows, touched
+        rows, touched = self.cross_arrays.transpose().without_empty_rows()
+        return rows.compact_indices(), touched
 
     @property
     def num_nodes(self) -> int:
@@ -176,10 +172,7 @@ class CrossExchangePlan:
         position = col_map[touched]
         sampled = np.flatnonzero(position >= 0)
         selected = rows.select(sampled, own_position, int(np.count_nonzero(own_position >= 0)))
-        nonempty = np.flatnonzero(np.diff(selected.indptr))  # rows left with no sampled entry
-        indptr = np.concatenate([[0], selected.indptr[nonempty + 1]]).astype(np.int64)
-        kept = CSRArrays(indptr, selected.indices, selected.data,
-                         (int(nonempty.shape[0]), selected.shape[1]))
+        kept, nonempty = selected.without_empty_rows()  # some keep no sampled entry
         return cls._of_rows(kept, position[sampled[nonempty]], segment_rows, graph.client_id,
                             dtype, device)
 

@@ -186,6 +186,14 @@ class CSRArrays:
                    self.data, indptr, indices, data)
         return CSRArrays(indptr, indices, data, (cols, rows))
 
+    def without_empty_rows(self) -> "tuple[CSRArrays, np.ndarray]":
+        """The rows that hold an entry, and their indices (int64, ascending); the entries are
+        contiguous already, so only indptr changes."""
+        kept = np.flatnonzero(np.diff(self.indptr)).astype(np.int64)
+        indptr = np.concatenate([[0], self.indptr[kept + 1]]).astype(np.int64)
+        return CSRArrays(indptr, self.indices, self.data,
+                         (int(kept.shape[0]), self.shape[1])), kept
+
     def row_slice(self, first: int, last: int) -> "CSRArrays":
         """Rows first..last-1 (views of the arrays, no copy of the entries)."""
         start, stop = int(self.indptr[first]), int(self.indptr[last])

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from fgl_common.diskspace import explain_disk_full
-from fgl_common.ownership import owner_is_dead, owner_tag, this_owner
+from fgl_common.ownership import owner_is_dead, owner_tag, tagged_owner, this_owner
 
 CHECKPOINT_NAME = "checkpoint.pt"
 LOCK_NAME = ".lock"
@@ -217,10 +217,8 @@ def remove_leftovers(directory: Path) -> list[str]:
 def _lock_record_is_dead(name: str) -> bool:
     """Whether the process that wrote the owner record ``name`` is gone (``owner_is_dead``);
     a record named in the older ``.lock.<random>.tmp`` form carries no owner: dead."""
-    parts = name[len(LOCK_RECORD_PREFIX):-len(".tmp")].rsplit("-", 2)
-    if len(parts) != 3 or not parts[1].isdigit():
-        return True
-    return owner_is_dead(parts[0], int(parts[1]))
+    owner = tagged_owner(name[len(LOCK_RECORD_PREFIX):-len(".tmp")])
+    return owner is None or owner_is_dead(*owner)
 
 
 def claim_run_dir(run_dir: str | os.PathLike, force: bool, resume: bool,

@@ -8,7 +8,6 @@ import json
 import multiprocessing
 import os
 import socket
-import time
 from pathlib import Path
 
 import numpy as np
@@ -212,19 +211,24 @@ def test_the_lock_record_of_a_run_starting_now_is_not_a_leftover(tmp_path):
     claimed.release()
 
 
-def _claim_together(path: str, barrier, results) -> None:
-    barrier.wait()
-    try:
-        claimed = claim_run_dir(path, False, False)
-    except RunDirError as exc:
-        results.put(("refused", str(exc)))
-        return
-    except BaseException as exc:  # anything else is the bug this test looks for
-        results.put(("failed", f"{type(exc).__name__}: {exc}"))
-        return
-    time.sleep(0.02)  # hold it while the other one tries
-    claimed.release()
-    results.put(("claimed", ""))
+def _claim_together(base: str, rounds: int, barrier, results) -> None:
+    """Each round: claim ``base/run<round>`` at the same moment as the other process, hold it
+    (or not) until both have tried, then release."""
+    outcomes = []
+    for round_ in range(rounds):
+        barrier.wait()
+        claimed = None
+        try:
+            claimed = claim_run_dir(f"{base}/run{round_}", False, False)
+            outcomes.append(("claimed", ""))
+        except RunDirError as exc:
+            outcomes.append(("refused", str(exc)))
+        except BaseException as exc:  # anything else is the bug this test looks for
+            outcomes.append(("failed", f"{type(exc).__name__}: {exc}"))
+        barrier.wait()
+        if claimed is not None:
+            claimed.release()
+    results.put(outcomes)
 
 
 @pytest.mark.timeout(120)
@@ -232,18 +236,17 @@ def test_two_runs_claiming_one_new_directory_at_once(tmp_path):
     """One takes it, the other is told it is in use, every time; never an OSError of the
     other's temporary files (a winner used to delete the loser's lock record under it)."""
     context = multiprocessing.get_context("fork")
-    outcomes = []
-    for round_ in range(40):
-        barrier, results = context.Barrier(2), context.Queue()
-        workers = [context.Process(target=_claim_together,
-                                   args=(str(tmp_path / f"run{round_}"), barrier, results))
-                   for _ in range(2)]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join(30)
-        outcomes.append(sorted(results.get(timeout=5) for _ in workers))
-    for outcome in outcomes:
+    rounds = 40
+    barrier, results = context.Barrier(2), context.Queue()
+    workers = [context.Process(target=_claim_together,
+                               args=(str(tmp_path), rounds, barrier, results))
+               for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    first, second = (results.get(timeout=100) for _ in workers)
+    for worker in workers:
+        worker.join(10)
+    for outcome in map(sorted, zip(first, second)):
         assert [kind for kind, _ in outcome] == ["claimed", "refused"], outcome
         assert "is in use by another run" in outcome[1][1], outcome
 
