@@ -3,7 +3,7 @@ ablation (Table 6) with the paper's numbers beside ours, and the curves.
 
     . .venv/bin/activate
     python benchmarks/paper_configs.py --work /work/scratch/paper
-        [--proxies products,reddit] [--products-scale 0.1] [--reddit-scale 0.1]
+        [--proxies products,products-headroom,reddit] [--products-scale 0.1] [--reddit-scale 0.1]
         [--methods ours,ours-exact1,ours-history,ours-star,ours-full,centralized,fedavg,bns,graphsaint]
         [--lrs 0.1,0.01,0.001] [--seeds 0,1,2] [--products-epochs 1000] [--reddit-epochs 200]
         [--eval-every 5] [--timeout 86400] [--report-only] [-- EXTRA mpifgl.train FLAGS]
@@ -64,13 +64,14 @@ PAPER_NOTE = {("reddit", "ours"): "95.54 (ablation: 96.05)"}
 class PaperConfigArgs:
     work: Path = option(Path("/tmp/mpifgl-paper"), "shards, runs, the table and the curves")
     proxies: tuple[str, ...] = option(tuple(PROXIES), "proxies to run", tuple(PROXIES))
-    products_scale: float = option(0.1, "fraction of ogbn-products' nodes and edges")
+    products_scale: float = option(0.1, "fraction of ogbn-products' nodes and edges (both "
+                                        "products proxies)")
     reddit_scale: float = option(0.1, "fraction of Reddit's nodes and edges")
     methods: tuple[str, ...] = option(DEFAULT_METHODS, "methods of study/catalog.py",
                                       tuple(METHODS))
     lrs: tuple[float, ...] = option(LR_GRID, "learning rates searched on the first seed")
     seeds: tuple[int, ...] = option((0, 1, 2), "seeds; the lr is chosen on the first")
-    products_epochs: int = option(1000, "epochs on the products proxy (the paper's: 1,000)")
+    products_epochs: int = option(1000, "epochs on the products proxies (the paper's: 1,000)")
     reddit_epochs: int = option(200, "epochs on the Reddit proxy (the paper's: 200)")
     eval_every: int = option(5, "full-graph evaluation every this many epochs")
     method_flags: tuple[str, ...] = option((), "extra mpifgl.train flags of one method, "
@@ -82,11 +83,11 @@ class PaperConfigArgs:
 
 
 def scale_of(args: PaperConfigArgs, name: str) -> float:
-    return args.products_scale if name == "products" else args.reddit_scale
+    return args.products_scale if proxy(name).real == "products" else args.reddit_scale
 
 
 def epochs_of(args: PaperConfigArgs, name: str) -> int:
-    return args.products_epochs if name == "products" else args.reddit_epochs
+    return args.products_epochs if proxy(name).real == "products" else args.reddit_epochs
 
 
 def own_flags(args: PaperConfigArgs, method: str) -> list[str]:
@@ -176,7 +177,8 @@ def table(args: PaperConfigArgs) -> str:
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for method in args.methods:
             lr = chosen_lr(args, name, method)
-            paper = PAPER_NOTE.get((name, method), _num(PAPER[name].get(method), 2))
+            real = spec.real
+            paper = PAPER_NOTE.get((real, method), _num(PAPER[real].get(method), 2))
             if lr is None:
                 lines.append(f"| {label_of(method)} | {paper} | not run | | | | | | | | |")
                 continue

@@ -30,6 +30,7 @@ class Proxy:
     """A real graph's shape and the generator parameters that stand in for it."""
 
     name: str
+    real: str  # the real graph it stands for: whose published numbers it is compared with
     nodes: int  # the real graph's
     edges: int  # undirected
     split: tuple[float, float]  # train, val fractions of the real split (the rest is test)
@@ -60,28 +61,37 @@ def scaled(count: int, scale: float) -> int:
     return max(1, round(count * scale))
 
 
-PROXIES = {p.name: p for p in (
-    # ogbn-products: 2,449,029 nodes, 61,859,140 undirected edges, 100 features, 47 classes,
-    # split by sales rank 196,615 / 39,323 / 2,213,091; the paper: 3 layers, s = 500,000,
-    # 1,000 epochs. Targets: OGB leaderboard MLP 61.06, the paper's GCN 75.64. The paper's
-    # GraphSAINT 79.08 is OGB's leaderboard entry, from OGB's products example: 20,000 roots,
-    # walks of 3, sample_coverage=0.
-    Proxy("products", 2_449_029, 61_859_140, (0.0803, 0.0161), 3, 500_000, 1000,
-          SaintSettings(20_000, 3, 0.0),
-          {"features": 100, "classes": 47, "homophily": 0.8, "feature_signal": 0.34,
-           "class_skew": 1.0, "degree_skew": 1.0, "label_noise": 0.25},
-          {"mlp": 61.06, "gcn": 75.64}),
-    # Reddit: 232,965 nodes, 11,606,919 edges, 602 features, 41 classes, split 153,431 /
-    # 23,831 / 55,703; the paper: 4 layers, s = 50,000, 200 epochs. Target: the paper's GCN
-    # 93.30 (features alone: GraphSAGE's paper reports 58.5 for logistic regression on them).
-    # The paper's GraphSAINT 96.60 is the GraphSAINT paper's; its random-walk configuration
-    # for Reddit (train_config/table2/reddit2_rw.yml): 2,000 roots, walks of 4, coverage 50.
-    Proxy("reddit", 232_965, 11_606_919, (0.6586, 0.1023), 4, 50_000, 200,
-          SaintSettings(2_000, 4, 50.0),
-          {"features": 602, "classes": 41, "homophily": 0.85, "feature_signal": 0.12,
-           "class_skew": 1.0, "degree_skew": 1.0, "label_noise": 0.06},
-          {"mlp": 58.5, "gcn": 93.30}),
-)}
+# ogbn-products: 2,449,029 nodes, 61,859,140 undirected edges, 100 features, 47 classes,
+# split by sales rank 196,615 / 39,323 / 2,213,091; the paper: 3 layers, s = 500,000,
+# 1,000 epochs. Targets: OGB leaderboard MLP 61.06, the paper's GCN 75.64. The paper's
+# GraphSAINT 79.08 is OGB's leaderboard entry, from OGB's products example: 20,000 roots,
+# walks of 3, sample_coverage=0.
+PRODUCTS = Proxy("products", "products", 2_449_029, 61_859_140, (0.0803, 0.0161), 3, 500_000,
+                 1000, SaintSettings(20_000, 3, 0.0),
+                 {"features": 100, "classes": 47, "homophily": 0.8, "feature_signal": 0.34,
+                  "class_skew": 1.0, "degree_skew": 1.0, "label_noise": 0.25},
+                 {"mlp": 61.06, "gcn": 75.64})
+
+# The products proxy with headroom: a label-noise ceiling of 90.8% (1 - 0.1 x 0.918) instead of
+# 77.0%, so that a method may beat centralized GCN as on the real graph, whose best published
+# models score near 90. Less label noise, and a weaker graph (true-class homophily 0.33) and
+# features (signal 0.3) to bring the MLP and GCN back near products' scores; calibrated at 1/40
+# size (docs/paper_scale.md, section 7).
+PRODUCTS_HEADROOM = replace(PRODUCTS, name="products-headroom", knobs={
+    **PRODUCTS.knobs, "homophily": 0.33, "feature_signal": 0.3, "label_noise": 0.1})
+
+# Reddit: 232,965 nodes, 11,606,919 edges, 602 features, 41 classes, split 153,431 /
+# 23,831 / 55,703; the paper: 4 layers, s = 50,000, 200 epochs. Target: the paper's GCN
+# 93.30 (features alone: GraphSAGE's paper reports 58.5 for logistic regression on them).
+# The paper's GraphSAINT 96.60 is the GraphSAINT paper's; its random-walk configuration
+# for Reddit (train_config/table2/reddit2_rw.yml): 2,000 roots, walks of 4, coverage 50.
+REDDIT = Proxy("reddit", "reddit", 232_965, 11_606_919, (0.6586, 0.1023), 4, 50_000, 200,
+               SaintSettings(2_000, 4, 50.0),
+               {"features": 602, "classes": 41, "homophily": 0.85, "feature_signal": 0.12,
+                "class_skew": 1.0, "degree_skew": 1.0, "label_noise": 0.06},
+               {"mlp": 58.5, "gcn": 93.30})
+
+PROXIES = {p.name: p for p in (PRODUCTS, PRODUCTS_HEADROOM, REDDIT)}
 
 
 def proxy(name: str) -> Proxy:

@@ -22,6 +22,18 @@ def test_presets_hold_the_real_graphs_shape():
     assert reddit.fractions == pytest.approx((0.6586, 0.1023, 0.2391))
     for spec in PROXIES.values():
         spec.config(0.1).validate()
+        assert spec.real in ("products", "reddit")
+
+
+def test_headroom_preset_is_products_with_a_higher_ceiling():
+    products, headroom = proxy("products"), proxy("products-headroom")
+    same = ("nodes", "num_edges", "features", "classes", "fractions")
+    assert [getattr(headroom.config(0.1), f) for f in same] == [
+        getattr(products.config(0.1), f) for f in same]
+    assert headroom.sample_size_at(0.1) == products.sample_size_at(0.1)
+    # a relabelled node keeps its label with chance about 0.082 (47 Zipf classes)
+    ceiling = {p.name: 1 - p.knobs["label_noise"] * (1 - 0.082) for p in (products, headroom)}
+    assert ceiling["products"] < 0.78 and ceiling["products-headroom"] > 0.9
 
 
 def test_scale_keeps_the_degree_and_the_sample_fraction():
