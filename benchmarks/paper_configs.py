@@ -177,8 +177,7 @@ def table(args: PaperConfigArgs) -> str:
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for method in args.methods:
             lr = chosen_lr(args, name, method)
-            real = spec.real
-            paper = PAPER_NOTE.get((real, method), _num(PAPER[real].get(method), 2))
+            paper = PAPER_NOTE.get((spec.real, method), _num(PAPER[spec.real].get(method), 2))
             if lr is None:
                 lines.append(f"| {label_of(method)} | {paper} | not run | | | | | | | | |")
                 continue
