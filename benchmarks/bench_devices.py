@@ -17,6 +17,13 @@ Cases (``--cases``, in this order; a CUDA case is recorded as skipped where torc
                          fraction (500,000 of 2,449,029 nodes, scaled), --device cuda
   ours-cpu-auto-quarter  ours-cpu-auto with the sample of graphs up to 20,000 nodes: 4 steps
                          of ceil(n/4) draws (above, the default is one step of n draws)
+  ours-cpu-auto-history  ours-cpu-auto (the large-graph default) with --history-every 5
+  ours-cpu-auto-paper    ours-cpu-auto with the paper's sample fraction (eq. 4, 5 steps)
+  ours-cpu-auto-paper-history
+                         ours-cpu-auto-paper with --history-every 5
+
+``--layers`` applies to every case (2: the graph of docs/scale.md; 3: the paper's products
+depth); ours-paper-cuda always runs 3.
 
 Each runs ``--epochs`` epochs with one full-graph evaluation at the end. Printed per case, as
 benchmarks/bench_products.py prints them (training seconds per epoch, bytes per client, peak
@@ -55,7 +62,14 @@ CASES = {
     # the default sample of graphs up to 20,000 nodes, 4 steps of ceil(n/4): the earlier figures
     "ours-cpu-auto-quarter": (True, ["--device", "cpu", "--threads", "auto",
                                      "--steps-per-epoch", "4"]),  # + --sample-size ceil(n/4)
+    # what the history option costs at scale, beside the default and the paper's sample
+    "ours-cpu-auto-history": (True, ["--device", "cpu", "--threads", "auto",
+                                     "--history-every", "5"]),
+    "ours-cpu-auto-paper": (True, ["--device", "cpu", "--threads", "auto"]),  # + the paper's
+    "ours-cpu-auto-paper-history": (True, ["--device", "cpu", "--threads", "auto",
+                                           "--history-every", "5"]),  # + the paper's sample
 }
+PAPER_SAMPLE_CASES = ("ours-paper-cuda", "ours-cpu-auto-paper", "ours-cpu-auto-paper-history")
 
 
 @dataclass(frozen=True)
@@ -64,6 +78,7 @@ class DevicesBenchArgs:
     scale: float = option(1.0, "fraction of ogbn-products' nodes and edges")
     clients: int = option(8, "clients of the distributed cases")
     epochs: int = option(3, "epochs per run; the last one evaluates on the full graph")
+    layers: int = option(2, "GCN layers of every case but ours-paper-cuda (3: the paper's)")
     cases: tuple[str, ...] = option(tuple(CASES), "comma-separated subset of "
                                     + ", ".join(CASES), tuple(CASES))
     timeout: float = option(3600.0, "seconds after which a run is killed and recorded as failed")
@@ -76,7 +91,7 @@ def cuda_available() -> bool:
 
 def case_flags(case: str, scale: float) -> list[str]:
     flags = list(CASES[case][1])
-    if case == "ours-paper-cuda":
+    if case in PAPER_SAMPLE_CASES:
         flags += ["--sample-size", str(max(1, round(PAPER_SAMPLE * scale)))]
     if case == "ours-cpu-auto-quarter":
         flags += ["--sample-size", str(max(1, -(-round(PRODUCTS_NODES * scale) // 4)))]
@@ -106,6 +121,13 @@ def speedups(outcomes: dict[str, Outcome]) -> list[str]:
         if a and b:
             lines.append(f"  {what:42} {b / a:6.2f}x faster ({a:.3f} s against {b:.3f} s "
                          "per training epoch)")
+    for costlier, base in (("ours-cpu-auto-history", "ours-cpu-auto"),
+                           ("ours-cpu-auto-paper-history", "ours-cpu-auto-paper"),
+                           ("ours-cpu-auto-paper-history", "ours-cpu-auto")):
+        a, b = epoch(costlier), epoch(base)
+        if a and b:
+            lines.append(f"  {costlier + ' / ' + base:52} {a / b:6.2f}x the epoch ({a:.3f} s "
+                         f"against {b:.3f} s)")
     for ours in ("ours-cpu-auto", "ours-cpu-auto-quarter", "ours-cpu-1"):
         for central in ("centralized-cpu-1", "centralized-cpu-auto"):
             a, b = epoch(ours), epoch(central)
@@ -119,9 +141,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_dataclass_arguments(parser, DevicesBenchArgs)
     args = dataclass_from_namespace(DevicesBenchArgs, parser.parse_args())
-    if not 0 < args.scale <= 1 or args.epochs < 1 or args.clients < 1:
-        parser.error(f"--scale in (0, 1], --epochs >= 1 and --clients >= 1 expected, got "
-                     f"{args.scale}, {args.epochs}, {args.clients}")
+    if not 0 < args.scale <= 1 or args.epochs < 1 or args.clients < 1 or args.layers < 1:
+        parser.error(f"--scale in (0, 1], --epochs, --clients and --layers >= 1 expected, got "
+                     f"{args.scale}, {args.epochs}, {args.clients}, {args.layers}")
     args.work.mkdir(parents=True, exist_ok=True)
     gpu = cuda_available()
     print(f"synthetic products x{args.scale:g} ({round(PRODUCTS_NODES * args.scale):,} nodes): "
@@ -138,13 +160,13 @@ def main() -> int:
         out = args.work / "runs" / case
         command = [sys.executable, "-m", "mpifgl.train", "--shards", str(shards), "--out",
                    str(out), "--epochs", str(args.epochs), "--eval-every", str(args.epochs),
-                   "--force", *case_flags(case, args.scale)]
+                   "--force", "--layers", str(args.layers), *case_flags(case, args.scale)]
         outcome = run_command(case, args.clients, command, out, distributed, args.timeout)
         outcomes[case] = outcome
         gpu_memory[case] = peak_gpu(out)
     ran = list(outcomes.values())
-    print(f"\nproducts x{args.scale:g}, {args.clients} clients, {args.epochs} epochs (evaluation "
-          f"at the last); MB per epoch, 'mean / max' over clients\n")
+    print(f"\nproducts x{args.scale:g}, {args.clients} clients, {args.layers} layers, {args.epochs} "
+          f"epochs (evaluation at the last); MB per epoch, 'mean / max' over clients\n")
     print(table(ran))
     print("\npeak GPU MB per rank (torch.cuda.max_memory_allocated):")
     for case, memory in gpu_memory.items():
@@ -154,6 +176,7 @@ def main() -> int:
     print("\nspeed-ups, mean training epoch (epochs 2..E):")
     print("\n".join(speedups(outcomes)) or "  n/a")
     results = {"scale": args.scale, "clients": args.clients, "epochs": args.epochs,
+               "layers": args.layers,
                "synthetic": synthetic_options(args.scale),
                "runs": {case: {**asdict(o), "peak_gpu_mb": gpu_memory.get(case)}
                         for case, o in outcomes.items()}}
