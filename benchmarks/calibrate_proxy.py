@@ -33,6 +33,7 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.paper_runs import parse_overrides  # noqa: E402
 from data_prep.proxies import PROXIES, proxy  # noqa: E402
 from data_prep.synthetic import generate_synthetic  # noqa: E402
 from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option  # noqa: E402
@@ -51,16 +52,6 @@ class CalibrateArgs:
     seeds: tuple[int, ...] = option((0,), "seeds of the graph and the weights")
     eval_every: int = option(5, "evaluate every this many epochs")
     json_out: Path | None = option(None, "append one JSON line per model and seed here")
-
-
-def parse_overrides(items: tuple[str, ...]) -> dict[str, float]:
-    values = {}
-    for item in items:
-        name, _, text = item.partition("=")
-        if not text:
-            raise SystemExit(f"--set {item!r}: expected FIELD=VALUE")
-        values[name.strip()] = float(text) if "." in text or "e" in text else int(text)
-    return values
 
 
 def normalized_adjacency(adjacency: sp.csr_matrix) -> sp.csr_matrix:

@@ -6,7 +6,8 @@ ablation (Table 6) with the paper's numbers beside ours, and the curves.
         [--proxies products,products-headroom,reddit] [--products-scale 0.1] [--reddit-scale 0.1]
         [--methods ours,ours-exact1,ours-history,ours-star,ours-full,centralized,fedavg,bns,graphsaint]
         [--lrs 0.1,0.01,0.001] [--seeds 0,1,2] [--products-epochs 1000] [--reddit-epochs 200]
-        [--eval-every 5] [--timeout 86400] [--report-only] [-- EXTRA mpifgl.train FLAGS]
+        [--eval-every 5] [--set feature_signal=0.3] [--timeout 86400] [--report-only]
+        [-- EXTRA mpifgl.train FLAGS]
 
 For each proxy (data_prep/proxies.py; shards written once under WORK/shards, 8 clients, random
 partition) and each method, with the paper's model (hidden 128, dropout 0.2, Adam; 3 layers on
@@ -19,7 +20,9 @@ paper), ours-star (``--no-normalize``, the paper's ours*),
 ours-full (``--sampling none``), centralized (full batch, one process), fedavg, bns,
 graphsaint (with the walk roots, walk length and sample coverage behind the paper's figure, the
 roots scaled with the graph: ``Proxy.saint`` in data_prep/proxies.py). Flags after ``--`` go
-to every ``mpifgl.train`` (e.g. ``-- --exchange-buffer-mb 256``).
+to every ``mpifgl.train`` (e.g. ``-- --exchange-buffer-mb 256``). ``--set`` overrides generator
+knobs of every proxy run (e.g. a preset's value before it was recalibrated); the shards and
+runs then go to folders named with the overrides.
 
 Resumable: a run whose ``final.json`` exists and whose command was the same is read, not run
 again (WORK/runs/<proxy>/<method>/
@@ -34,13 +37,14 @@ from __future__ import annotations
 
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.paper_runs import (paper_sample_size, parse_arguments, plot_curves,  # noqa: E402
-                                   prepare, read_run, run, train_command)
+from benchmarks.paper_runs import (override_suffix, paper_sample_size,  # noqa: E402
+                                   parse_arguments, parse_overrides, plot_curves, prepare,
+                                   read_run, run, train_command)
 from data_prep.proxies import PROXIES, proxy  # noqa: E402
 from fgl_common.cli import option  # noqa: E402
 from study.catalog import METHODS, label_of  # noqa: E402
@@ -74,6 +78,9 @@ class PaperConfigArgs:
     products_epochs: int = option(1000, "epochs on the products proxies (the paper's: 1,000)")
     reddit_epochs: int = option(200, "epochs on the Reddit proxy (the paper's: 200)")
     eval_every: int = option(5, "full-graph evaluation every this many epochs")
+    set: tuple[str, ...] = option((), "generator overrides FIELD=VALUE of every proxy, "
+                                      "comma-separated (fields of data_prep.config."
+                                      "SyntheticConfig)")
     method_flags: tuple[str, ...] = option((), "extra mpifgl.train flags of one method, "
                                                 "METHOD:FLAG=VALUE, comma-separated (e.g. "
                                                 "graphsaint:--batch-size=4096); they name the "
@@ -100,9 +107,14 @@ def own_flags(args: PaperConfigArgs, method: str) -> list[str]:
     return flags
 
 
+def group(args: PaperConfigArgs, name: str) -> str:
+    """The proxy's name with ``--set``'s overrides: names its runs' folder and curves."""
+    return name + override_suffix(parse_overrides(args.set))
+
+
 def run_dir(args: PaperConfigArgs, name: str, method: str, lr: float, seed: int) -> Path:
     tag = "".join(f"-{f.lstrip('-')}" for f in own_flags(args, method))
-    return args.work / "runs" / name / method / f"lr{lr:g}-s{seed}{tag}"
+    return args.work / "runs" / group(args, name) / method / f"lr{lr:g}-s{seed}{tag}"
 
 
 def flags_for(args: PaperConfigArgs, name: str, method: str, lr: float, seed: int,
@@ -129,7 +141,8 @@ def chosen_lr(args: PaperConfigArgs, name: str, method: str) -> float | None:
 
 def execute(args: PaperConfigArgs, extra: list[str]) -> None:
     for name in args.proxies:
-        shards = prepare(args.work, name, scale_of(args, name))
+        shards = prepare(args.work, name, scale_of(args, name),
+                         overrides=parse_overrides(args.set))
         for method in args.methods:
             print(f"{name} {method}:", flush=True)
             for lr in args.lrs:
@@ -166,7 +179,7 @@ def table(args: PaperConfigArgs) -> str:
     for name in args.proxies:
         spec = proxy(name)
         scale = scale_of(args, name)
-        lines += [f"### {name} proxy x{scale:g} ({spec.config(scale).nodes:,} nodes, "
+        lines += [f"### {group(args, name)} proxy x{scale:g} ({spec.config(scale).nodes:,} nodes, "
                   f"{spec.layers} layers, s = {paper_sample_size(name, scale):,} for the "
                   f"sampled ones, {epochs_of(args, name)} epochs, evaluation every "
                   f"{args.eval_every})",
@@ -213,8 +226,8 @@ def curves(args: PaperConfigArgs) -> None:
                 runs[f"{label_of(method)} (lr {lr:g})"] = run_dir(args, name, method, lr,
                                                                   args.seeds[0])
         if runs:
-            path = args.work / f"curves-{name}.png"
-            plot_curves(runs, path, f"{name} proxy x{scale_of(args, name):g}")
+            path = args.work / f"curves-{group(args, name)}.png"
+            plot_curves(runs, path, f"{group(args, name)} proxy x{scale_of(args, name):g}")
             print(f"curves: {path}")
 
 
@@ -226,6 +239,12 @@ def main(argv: list[str] | None = None) -> int:
         if item.partition(":")[0] not in METHODS or not item.partition(":")[2].startswith("--"):
             parser.error(f"--method-flags {item!r}: expected METHOD:--FLAG=VALUE with a method "
                          f"of {', '.join(METHODS)}")
+    overrides = parse_overrides(args.set)
+    for name in args.proxies:
+        try:
+            replace(proxy(name).config(scale_of(args, name)), **overrides).validate()
+        except (TypeError, ValueError) as error:
+            parser.error(f"--set {','.join(args.set)}: {error}")
     args.work.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         execute(args, extra)

@@ -34,10 +34,14 @@ MB = 2 ** 20
 CLIENTS = 8  # the paper's
 
 
+def override_suffix(overrides: dict[str, Any] | None) -> str:
+    """Generator overrides as a folder-name suffix ('' without any)."""
+    return "".join(f"-{k.replace('_', '')}{v:g}" for k, v in sorted((overrides or {}).items()))
+
+
 def variant(name: str, scale: float, overrides: dict[str, Any] | None = None) -> str:
     """A proxy at a scale, with its generator overrides: names shard and run folders."""
-    suffix = "".join(f"-{k.replace('_', '')}{v:g}" for k, v in sorted((overrides or {}).items()))
-    return f"{name}-x{scale:g}{suffix}"
+    return f"{name}-x{scale:g}{override_suffix(overrides)}"
 
 
 def shard_dir(work: Path, name: str, scale: float, clients: int = CLIENTS,
