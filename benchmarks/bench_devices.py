@@ -65,7 +65,7 @@ CASES = {
     # what the history option costs at scale, beside the default and the paper's sample
     "ours-cpu-auto-history": (True, ["--device", "cpu", "--threads", "auto",
                                      "--history-every", "5"]),
-    "ours-cpu-auto-paper": (True, ["--device", "cpu", "--threads", "auto"]),  # + the paper's
+    "ours-cpu-auto-paper": (True, ["--device", "cpu", "--threads", "auto"]),  # + paper sample
     "ours-cpu-auto-paper-history": (True, ["--device", "cpu", "--threads", "auto",
                                            "--history-every", "5"]),  # + the paper's sample
 }
