@@ -165,8 +165,9 @@ def main() -> int:
         outcomes[case] = outcome
         gpu_memory[case] = peak_gpu(out)
     ran = list(outcomes.values())
-    print(f"\nproducts x{args.scale:g}, {args.clients} clients, {args.layers} layers, {args.epochs} "
-          f"epochs (evaluation at the last); MB per epoch, 'mean / max' over clients\n")
+    print(f"\nproducts x{args.scale:g}, {args.clients} clients, {args.layers} layers, "
+          f"{args.epochs} epochs (evaluation at the last); MB per epoch, 'mean / max' over "
+          "clients\n")
     print(table(ran))
     print("\npeak GPU MB per rank (torch.cuda.max_memory_allocated):")
     for case, memory in gpu_memory.items():
