@@ -88,6 +88,11 @@ class PaperConfigArgs:
     timeout: float = option(86400.0, "seconds after which a run is killed (recorded as failed)")
     report_only: bool = option(False, "write the table and curves from the runs present")
 
+    @property
+    def overrides(self) -> dict:
+        """``--set`` as generator keyword arguments."""
+        return parse_overrides(self.set)
+
 
 def scale_of(args: PaperConfigArgs, name: str) -> float:
     return args.products_scale if proxy(name).real == "products" else args.reddit_scale
@@ -109,7 +114,7 @@ def own_flags(args: PaperConfigArgs, method: str) -> list[str]:
 
 def group(args: PaperConfigArgs, name: str) -> str:
     """The proxy's name with ``--set``'s overrides: names its runs' folder and curves."""
-    return name + override_suffix(parse_overrides(args.set))
+    return name + override_suffix(args.overrides)
 
 
 def run_dir(args: PaperConfigArgs, name: str, method: str, lr: float, seed: int) -> Path:
@@ -141,8 +146,7 @@ def chosen_lr(args: PaperConfigArgs, name: str, method: str) -> float | None:
 
 def execute(args: PaperConfigArgs, extra: list[str]) -> None:
     for name in args.proxies:
-        shards = prepare(args.work, name, scale_of(args, name),
-                         overrides=parse_overrides(args.set))
+        shards = prepare(args.work, name, scale_of(args, name), overrides=args.overrides)
         for method in args.methods:
             print(f"{name} {method}:", flush=True)
             for lr in args.lrs:
@@ -239,10 +243,9 @@ def main(argv: list[str] | None = None) -> int:
         if item.partition(":")[0] not in METHODS or not item.partition(":")[2].startswith("--"):
             parser.error(f"--method-flags {item!r}: expected METHOD:--FLAG=VALUE with a method "
                          f"of {', '.join(METHODS)}")
-    overrides = parse_overrides(args.set)
     for name in args.proxies:
         try:
-            replace(proxy(name).config(scale_of(args, name)), **overrides).validate()
+            replace(proxy(name).config(scale_of(args, name)), **args.overrides).validate()
         except (TypeError, ValueError) as error:
             parser.error(f"--set {','.join(args.set)}: {error}")
     args.work.mkdir(parents=True, exist_ok=True)
