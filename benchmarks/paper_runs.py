@@ -36,7 +36,8 @@ CLIENTS = 8  # the paper's
 
 def override_suffix(overrides: dict[str, Any] | None) -> str:
     """Generator overrides as a folder-name suffix ('' without any)."""
-    return "".join(f"-{k.replace('_', '')}{v:g}" for k, v in sorted((overrides or {}).items()))
+    return "".join(f"-{k.replace('_', '')}{v if isinstance(v, str) else format(v, 'g')}"
+                   for k, v in sorted((overrides or {}).items()))
 
 
 def variant(name: str, scale: float, overrides: dict[str, Any] | None = None) -> str:
@@ -56,8 +57,19 @@ def parse_overrides(items: tuple[str, ...]) -> dict[str, Any]:
         name, _, text = item.partition("=")
         if not text:
             raise SystemExit(f"--set {item!r}: expected FIELD=VALUE")
-        values[name.strip()] = float(text) if any(c in text for c in ".e") else int(text)
+        values[name.strip()] = _number_or_text(text.strip())
     return values
+
+
+def _number_or_text(text: str) -> int | float | str:
+    """``3`` and ``0.3`` as numbers, a word (``popularity``) as itself; the generator's
+    ``validate`` judges the value."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def prepare(work: Path, name: str, scale: float, clients: int = CLIENTS,

@@ -12,7 +12,7 @@ from typing import Any
 from fgl_common import shard_format
 
 from .catalog import normalise_dataset_name
-from .config import DEFAULT_SPLIT, PartitionConfig, PrepConfig, SyntheticConfig
+from .config import DEFAULT_SPLIT, DEFAULT_SPLIT_BY, PartitionConfig, PrepConfig, SyntheticConfig
 from .datasets import load_dataset
 from .partition import partition_nodes
 from .verify import verify_shard_dir
@@ -45,6 +45,8 @@ def request_record(config: PrepConfig) -> dict[str, Any]:
                 syn.pop(knob)
         if tuple(syn["split"]) == DEFAULT_SPLIT:  # likewise for the 60/20/20 split
             syn.pop("split")
+        if syn["split_by"] == DEFAULT_SPLIT_BY:  # and for the split inside every class
+            syn.pop("split_by")
         record["synthetic"] = syn
     return record
 

@@ -13,6 +13,7 @@ from fgl_common.cli import check_finite, option
 from .catalog import KNOWN_DATASETS, normalise_dataset_name
 
 PARTITION_METHODS = ("random", "label-skew", "metis")
+SPLIT_ORDERS = ("class", "popularity")
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,11 @@ class SyntheticConfig:
     split: tuple[float, ...] = option((0.6, 0.2), "train,val fractions of the nodes inside every "
                                                   "class, the rest is test (ogbn-products: "
                                                   "0.0803,0.0161; Reddit: 0.6586,0.1023)")
+    split_by: str = option("class", "how the --syn-split fractions are drawn: 'class' at random "
+                                    "inside every class; 'popularity' by degree, the best "
+                                    "connected nodes to train, the next to val, the rest to test "
+                                    "(ogbn-products' split by sales rank: a train/test shift)",
+                           choices=SPLIT_ORDERS)
     seed: int | None = option(None, "seed of the generator (default: --seed), so one graph can be "
                                     "partitioned with several seeds")
 
@@ -77,6 +83,9 @@ class SyntheticConfig:
             raise ValueError(f"--syn-split must be two fractions TRAIN,VAL >= 0 with "
                              f"TRAIN + VAL <= 1 (the rest is test), got "
                              f"{','.join(map(str, self.split))}")
+        if self.split_by not in SPLIT_ORDERS:
+            raise ValueError(f"--syn-split-by must be one of {', '.join(SPLIT_ORDERS)}, got "
+                             f"{self.split_by!r}")
         if self.avg_degree < 0:
             raise ValueError(f"--syn-avg-degree must be >= 0, got {self.avg_degree}")
         if self.edges is not None and self.edges < 0:
@@ -103,6 +112,7 @@ class SyntheticConfig:
 
 
 DEFAULT_SPLIT = SyntheticConfig().split
+DEFAULT_SPLIT_BY = SyntheticConfig().split_by
 
 
 @dataclass(frozen=True)

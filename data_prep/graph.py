@@ -116,6 +116,23 @@ def stratified_split(y: np.ndarray, seed_sequence: np.random.SeedSequence,
     return train, val, test
 
 
+def popularity_split(degree: np.ndarray, seed_sequence: np.random.SeedSequence,
+                     fractions: tuple[float, float, float]
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split by degree as ogbn-products splits by sales rank: the best connected nodes train,
+    the next validate, the rest (the long tail) test; seeded random order among equal degrees."""
+    n = degree.shape[0]
+    perm = np.random.default_rng(seed_sequence).permutation(n)
+    ranked = perm[np.argsort(-degree[perm], kind="stable")]
+    n_train = int(np.floor(n * fractions[0] + 0.5))
+    n_train_val = int(np.floor(n * (fractions[0] + fractions[1]) + 0.5))
+    train, val, test = (np.zeros(n, dtype=bool) for _ in range(3))
+    train[ranked[:n_train]] = True
+    val[ranked[n_train:n_train_val]] = True
+    test[ranked[n_train_val:]] = True
+    return train, val, test
+
+
 def seed_stream(seed: int, purpose: str) -> np.random.SeedSequence:
     """Independent, reproducible random streams per purpose (split, partition, synthetic)."""
     purposes = {"split": 1, "partition": 2, "synthetic": 3}

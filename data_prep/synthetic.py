@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from .config import SyntheticConfig
-from .graph import (GraphData, adjacency_from_keys, edge_keys, index_dtype, seed_stream,
-                    stratified_split)
+from .graph import (GraphData, adjacency_from_keys, edge_keys, index_dtype, popularity_split,
+                    seed_stream, stratified_split)
 from .progress import bar, stage
 
 EDGE_CHUNK = 1 << 22  # edges sampled per vectorised chunk: bounds the temporaries
@@ -156,11 +156,16 @@ def generate_synthetic(config: SyntheticConfig, split_seed: int,
         y[noisy] = y[rng.integers(0, n, noisy.shape[0])]
 
     fractions = config.fractions
-    train, val, test = stratified_split(y, seed_stream(split_seed, "split"), fractions)
+    if config.split_by == "popularity":
+        degree = np.diff(adjacency.indptr)
+        train, val, test = popularity_split(degree, seed_stream(split_seed, "split"), fractions)
+    else:
+        train, val, test = stratified_split(y, seed_stream(split_seed, "split"), fractions)
     percent = "/".join(f"{100 * f:g}" for f in fractions)
+    rule = "stratified" if config.split_by == "class" else config.split_by
     graph = GraphData(name="synthetic", adjacency=adjacency, x=x, y=y, train_mask=train,
                       val_mask=val, test_mask=test, num_classes=classes,
-                      split_rule=f"stratified-{percent} seed={split_seed}",
+                      split_rule=f"{rule}-{percent} seed={split_seed}",
                       source={"generator": "stochastic block model, Gaussian class features, Zipf "
                                            "class sizes, log-normal degree weights, label noise",
                               **config.as_dict()})

@@ -10,7 +10,7 @@ import pytest
 from data_prep.config import PartitionConfig, PrepConfig, SyntheticConfig
 from fgl_common import shard_format
 
-from data_prep.api import prepare_shards
+from data_prep.api import prepare_shards, request_record
 from fgl_common.shard_format import default_shard_dir
 from tests.helpers.data_prep_fixtures import (SMALL_SYN, check_shards_hold_the_dataset, load_all,
                                               run_cli)
@@ -49,3 +49,12 @@ def test_one_default_shard_directory_name(tmp_path, isolated_cache, monkeypatch)
     monkeypatch.chdir(tmp_path)
     prepare_shards("synthetic", 3, seed=2, **SYN_OPTIONS)
     assert (tmp_path / default_shard_dir("synthetic", 3, seed=2) / "manifest.json").is_file()
+
+
+def test_request_records_a_split_order_only_when_not_the_default():
+    """Shards written before ``--syn-split-by`` existed keep matching their request."""
+    def record(**knobs):
+        return request_record(PrepConfig(dataset="synthetic", num_clients=2, out=Path("x"),
+                                         synthetic=SyntheticConfig(**knobs)))["synthetic"]
+    assert "split_by" not in record()
+    assert record(split_by="popularity")["split_by"] == "popularity"

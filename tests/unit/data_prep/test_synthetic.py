@@ -81,6 +81,7 @@ def test_label_noise_changes_labels_only():
     ("class_skew", -1.0, "--syn-class-skew must be >= 0, got -1.0"),
     ("degree_skew", 2.5, r"--syn-degree-skew must be in \[0, 2\], got 2.5"),
     ("label_noise", 1.5, r"--syn-label-noise must be in \[0, 1\], got 1.5"),
+    ("split_by", "sales", "--syn-split-by must be one of class, popularity, got 'sales'"),
 ])
 def test_knobs_validated(field, value, message):
     with pytest.raises(ValueError, match=message):
@@ -105,6 +106,30 @@ def test_split_leaves_the_graph_alone():
     assert default.split_rule == "stratified-60/20/20 seed=0"
     assert (default.adjacency != products.adjacency).nnz == 0
     assert np.array_equal(default.x, products.x) and np.array_equal(default.y, products.y)
+
+
+def test_popularity_split_trains_on_the_best_connected():
+    by_class = generate(split=(0.08, 0.02), **HARD)
+    graph = generate(split=(0.08, 0.02), split_by="popularity", **HARD)
+    assert graph.split_rule == "popularity-8/2/90 seed=0"
+    assert (graph.adjacency != by_class.adjacency).nnz == 0 and np.array_equal(graph.y, by_class.y)
+    degree = np.diff(graph.adjacency.indptr)
+    assert (graph.train_mask.sum(), graph.val_mask.sum(), graph.test_mask.sum()) == (480, 120, 5400)
+    assert np.all(np.stack([graph.train_mask, graph.val_mask, graph.test_mask]).sum(axis=0) == 1)
+    # ranked by degree: every train node at least as connected as every val node, and so on
+    assert degree[graph.train_mask].min() >= degree[graph.val_mask].max()
+    assert degree[graph.val_mask].min() >= degree[graph.test_mask].max()
+    assert degree[graph.train_mask].mean() > 3 * degree[graph.test_mask].mean()  # the shift
+    # equal degrees at the boundary are ordered by the split seed, reproducibly
+    again = generate_synthetic(SyntheticConfig(nodes=6000, avg_degree=20.0, classes=10, features=6,
+                                               seed=0, split=(0.08, 0.02), split_by="popularity",
+                                               **HARD), split_seed=0)
+    other = generate_synthetic(SyntheticConfig(nodes=6000, avg_degree=20.0, classes=10, features=6,
+                                               seed=0, split=(0.08, 0.02), split_by="popularity",
+                                               **HARD), split_seed=1)
+    assert np.array_equal(graph.train_mask, again.train_mask)
+    assert not np.array_equal(graph.test_mask, other.test_mask)
+    assert np.array_equal(np.sort(degree[graph.train_mask]), np.sort(degree[other.train_mask]))
 
 
 @pytest.mark.parametrize("split", [(0.7, 0.4), (-0.1, 0.2), (0.5,), (0.5, 0.2, 0.3)])
