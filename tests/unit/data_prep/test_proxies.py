@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -34,6 +35,13 @@ def test_headroom_preset_is_products_with_a_higher_ceiling():
     # a relabelled node keeps its label with chance about 0.082 (47 Zipf classes)
     ceiling = {p.name: 1 - p.knobs["label_noise"] * (1 - 0.082) for p in (products, headroom)}
     assert ceiling["products"] < 0.78 and ceiling["products-headroom"] > 0.9
+
+
+def test_popularity_preset_is_the_headroom_graph_split_by_degree():
+    headroom, popular = proxy("products-headroom").config(0.01, 0), proxy(
+        "products-popularity").config(0.01, 0)
+    assert (headroom.split_by, popular.split_by) == ("class", "popularity")
+    assert replace(popular, split_by="class") == headroom  # the same graph, other masks
 
 
 def test_scale_keeps_the_degree_and_the_sample_fraction():
