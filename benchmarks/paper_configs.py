@@ -3,7 +3,8 @@ ablation (Table 6) with the paper's numbers beside ours, and the curves.
 
     . .venv/bin/activate
     python benchmarks/paper_configs.py --work /work/scratch/paper
-        [--proxies products,products-headroom,products-popularity,reddit] [--products-scale 0.1] [--reddit-scale 0.1]
+        [--proxies products,products-headroom,products-popularity,reddit]
+        [--products-scale 0.1] [--reddit-scale 0.1]
         [--methods ours,ours-exact1,ours-history,ours-star,ours-full,centralized,fedavg,bns,graphsaint]
         [--lrs 0.1,0.01,0.001] [--seeds 0,1,2] [--products-epochs 1000] [--reddit-epochs 200]
         [--eval-every 5] [--set feature_signal=0.3] [--timeout 86400] [--report-only]
