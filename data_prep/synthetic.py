@@ -157,12 +157,12 @@ def generate_synthetic(config: SyntheticConfig, split_seed: int,
 
     fractions = config.fractions
     if config.split_by == "popularity":
-        degree = np.diff(adjacency.indptr)
-        train, val, test = popularity_split(degree, seed_stream(split_seed, "split"), fractions)
+        rule, split = "popularity", popularity_split(np.diff(adjacency.indptr),
+                                                     seed_stream(split_seed, "split"), fractions)
     else:
-        train, val, test = stratified_split(y, seed_stream(split_seed, "split"), fractions)
+        rule, split = "stratified", stratified_split(y, seed_stream(split_seed, "split"), fractions)
+    train, val, test = split
     percent = "/".join(f"{100 * f:g}" for f in fractions)
-    rule = "stratified" if config.split_by == "class" else config.split_by
     graph = GraphData(name="synthetic", adjacency=adjacency, x=x, y=y, train_mask=train,
                       val_mask=val, test_mask=test, num_classes=classes,
                       split_rule=f"{rule}-{percent} seed={split_seed}",

@@ -121,12 +121,9 @@ def test_popularity_split_trains_on_the_best_connected():
     assert degree[graph.val_mask].min() >= degree[graph.test_mask].max()
     assert degree[graph.train_mask].mean() > 3 * degree[graph.test_mask].mean()  # the shift
     # equal degrees at the boundary are ordered by the split seed, reproducibly
-    again = generate_synthetic(SyntheticConfig(nodes=6000, avg_degree=20.0, classes=10, features=6,
-                                               seed=0, split=(0.08, 0.02), split_by="popularity",
-                                               **HARD), split_seed=0)
-    other = generate_synthetic(SyntheticConfig(nodes=6000, avg_degree=20.0, classes=10, features=6,
-                                               seed=0, split=(0.08, 0.02), split_by="popularity",
-                                               **HARD), split_seed=1)
+    config = SyntheticConfig(nodes=6000, avg_degree=20.0, classes=10, features=6, seed=0,
+                             split=(0.08, 0.02), split_by="popularity", **HARD)
+    again, other = (generate_synthetic(config, split_seed=seed) for seed in (0, 1))
     assert np.array_equal(graph.train_mask, again.train_mask)
     assert not np.array_equal(graph.test_mask, other.test_mask)
     assert np.array_equal(np.sort(degree[graph.train_mask]), np.sort(degree[other.train_mask]))
