@@ -62,6 +62,14 @@ class TrainConfig:
                                  "it keeps centralized's accuracy where the paper's sample lost "
                                  "it (docs/paper_scale.md)")
     no_normalize: bool = option(False, "drop the 1/p(u) normalisation (the ablation ours*)")
+    subgraph_norm: bool = option(False, "normalise each step's sample as a graph of its own: "
+                                        "degrees counted inside the sample, no 1/p(u), as "
+                                        "GraphSAINT without coverage weights (OGB's products "
+                                        "example) and Cluster-GCN do. Biased (eq. 4 is not), "
+                                        "and every training node sees a smaller neighbourhood, "
+                                        "as the rarely connected nodes of a popularity split "
+                                        "do. Needs node sampling; not with --no-normalize or "
+                                        "--history-every. See docs/paper_scale.md, section 9")
     exact_first_layer: bool = option(False, "the first layer aggregates every neighbour, not only "
                                             "the step's sample: its input's propagation holds no "
                                             "weight, so it is computed once at set-up (one "
@@ -186,6 +194,20 @@ class TrainConfig:
             raise ValueError("--history-every with --sampling none: expected --sampling label "
                              "or uniform (control variates correct a sampled layer; a full-graph "
                              "step has none)")
+        if self.subgraph_norm and (self.no_normalize or self.history_every
+                                   or self.algo not in EXACT_FIRST_ALGOS
+                                   or (self.sampling == "none" and self.algo != "bns")):
+            raise ValueError(
+                "--subgraph-norm with " + ("--no-normalize" if self.no_normalize else
+                                           f"--history-every {self.history_every}"
+                                           if self.history_every else
+                                           f"--algo {self.algo}"
+                                           if self.algo not in EXACT_FIRST_ALGOS else
+                                           "--sampling none") +
+                ": expected node sampling (--sampling label or uniform, or --algo bns) without "
+                "--no-normalize or --history-every (a sample normalises one way; control "
+                f"variates need eq. 4's unbiased estimate), with --algo one of "
+                f"{', '.join(EXACT_FIRST_ALGOS)}")
         need(self.sample_size >= 0, "sample-size", self.sample_size, "an integer >= 0")
         need(self.steps_per_epoch >= 0, "steps-per-epoch", self.steps_per_epoch,
              "an integer >= 1, or 0 for one pass over the nodes per epoch")

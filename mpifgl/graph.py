@@ -194,6 +194,18 @@ class CrossExchangePlan:
         return cls(None, no_rows, no_rows, segment_rows, -1)
 
 
+def sampled_degree(graph: ClientGraph, rows: np.ndarray, inner_sampled: CSRArrays,
+                   col_map: np.ndarray | None) -> np.ndarray:
+    """int64 [len(rows)]: each sampled row's neighbours inside the sample S, no self loop: its
+    entries in the sampled inner block plus its cross entries at sampled columns (``col_map``
+    of ``sample_columns``; None in one process, where there are none)."""
+    degree = np.diff(inner_sampled.indptr).astype(np.int64)
+    if col_map is not None and graph.cross_arrays.nnz:
+        cross = graph.cross_arrays.select(rows, col_map, int(np.count_nonzero(col_map >= 0)))
+        degree += np.diff(cross.indptr).astype(np.int64)
+    return degree
+
+
 def sample_columns(graph: ClientGraph, samples: list[np.ndarray]) -> tuple[np.ndarray, int]:
     """Column map from client-ordered index to position in the concatenated sample S."""
     starts = graph.offsets
@@ -207,11 +219,14 @@ def sample_columns(graph: ClientGraph, samples: list[np.ndarray]) -> tuple[np.nd
 
 def build_operator(graph: ClientGraph, backbone: str, samples: list[np.ndarray] | None,
                    probability: np.ndarray | None, dtype: torch.dtype, exchanged: bool,
-                   device: torch.device | str = "cpu") -> LayerOperator:
+                   device: torch.device | str = "cpu",
+                   subgraph_degrees: bool = False) -> LayerOperator:
     """Operators for the sample ``samples[j]`` (sorted local indices of every client j), or for
     the full graph when ``samples`` is None, normalised by the backbone's layer
     (``GraphLayer.scales``).
-    ``probability`` = p(u) of this client's sampled nodes (None: 1). ``exchanged``: build the
+    ``probability`` = p(u) of this client's sampled nodes (None: 1). ``subgraph_degrees``: the
+    sample normalised as a graph of its own (``--subgraph-norm``): each sampled node's degree
+    counted inside the sample, p ignored. ``exchanged``: build the
     cross-client plan (False in one process). The server (client id -1) gets only its plan's
     segment sizes: it holds no rows and runs no model, it takes part in the sums. The structure
     is built on the host; the operator's tensors and matrices live on ``device``."""
@@ -221,6 +236,7 @@ def build_operator(graph: ClientGraph, backbone: str, samples: list[np.ndarray] 
         segments = graph.client_sizes if samples is None else [s.shape[0] for s in samples]
         return _server_operator(np.asarray(segments, dtype=np.int64), dtype, device)
     plan = None
+    col_map = None
     if samples is None:
         rows = np.arange(n_i, dtype=np.int64)
         inner = graph.inner_arrays
@@ -240,7 +256,10 @@ def build_operator(graph: ClientGraph, backbone: str, samples: list[np.ndarray] 
             plan = CrossExchangePlan.of_sample(graph, inner_map, col_map, segment_rows, dtype,
                                                device)
     p = np.ones(rows.shape[0]) if probability is None else probability
-    scale = layer_type(backbone).scales(torch.from_numpy(graph.degree[rows].astype(np.float64)),
+    degree = graph.degree[rows]
+    if subgraph_degrees and samples is not None:
+        degree, p = sampled_degree(graph, rows, inner, col_map), np.ones(rows.shape[0])
+    scale = layer_type(backbone).scales(torch.from_numpy(degree.astype(np.float64)),
                                         torch.from_numpy(np.asarray(p, dtype=np.float64)))
     as_col = lambda v: v.to(device=device, dtype=dtype)[:, None]  # noqa: E731
     return LayerOperator(torch.from_numpy(rows).to(device),

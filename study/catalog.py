@@ -46,6 +46,9 @@ METHODS = {m.name: m for m in (
     # beyond the paper: control variates from the hidden layers' inputs, refreshed every 5
     # epochs (docs/paper_scale.md, section 6: centralized's score at fewer bytes than ours)
     Method("ours-history", "ours, history", "ours", ("--history-every", "5")),
+    # beyond the paper: each sample normalised as a graph of its own, as OGB's GraphSAINT
+    # (docs/paper_scale.md, section 9)
+    Method("ours-subgraph", "ours, subgraph norm", "ours", ("--subgraph-norm",)),
     # the masked exchange and sums (docs/privacy.md): what privacy costs in time and bytes
     Method("ours-secure", "Ours (GCN, --secure)", "ours", ("--secure",)),
 )}

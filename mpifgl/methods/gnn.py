@@ -208,7 +208,7 @@ class GNNMethod:
         samples = by_rank if self.comm.is_single_process else by_rank[1:]  # the server's is empty
         operator = self.prepared(build_operator(self.graph, self.config.backbone, samples,
                                                 probability, self.dtype, self.exchanged,
-                                                self.device))
+                                                self.device, self.config.subgraph_norm))
         if self.input_aggregate is not None:
             operator.input_aggregate = torch.index_select(self.input_aggregate, 0, operator.rows)
         if self.history is not None:

@@ -75,6 +75,22 @@ def test_sampled_operator_scales_columns_by_one_over_p_and_keeps_whole_graph_deg
     np.testing.assert_allclose(op.self_scale.numpy().ravel(), d * d)
 
 
+def test_subgraph_norm_operator_is_the_gcn_of_the_induced_subgraph(tmp_path):
+    """--subgraph-norm: the sample's own degrees, p ignored: GCN's dense formula applied to the
+    induced subgraph A[S, S] as a graph of its own."""
+    graph, _, merged = shard_graphs(tmp_path)
+    rows = np.array([0, 2, 3, 4])
+    p = np.array([0.5, 0.25, 1.0, 0.1])
+    op = build_operator(merged, "gcn", [rows], p, torch.float64, exchanged=False,
+                        subgraph_degrees=True)
+    order = merged.global_id
+    adj = graph.adj.toarray().astype(np.float64)[np.ix_(order, order)][np.ix_(rows, rows)]
+    y = np.random.default_rng(1).standard_normal((4, 3))
+    np.testing.assert_allclose(apply(op, y), dense_propagation(adj, y, "gcn"), atol=1e-12)
+    d = 1.0 / np.sqrt(adj.sum(axis=1) + 1.0)
+    np.testing.assert_allclose(op.col_scale.numpy().ravel(), d)
+
+
 def test_unknown_backbone_is_named(tmp_path):
     _, _, merged = shard_graphs(tmp_path)
     with pytest.raises(ValueError, match="--backbone 'gat', expected one of gcn, 1gnn"):

@@ -78,11 +78,12 @@ def _clients(tmp_path, num_clients=3, n=300):
                                    manifest.client_sizes()) for i in range(num_clients)]
 
 
-def _layer_outputs(clients, layer, samples, probabilities):
+def _layer_outputs(clients, layer, samples, probabilities, subgraph_degrees=False):
     """One layer on every client with a simulated server: returns H_i for each client."""
     dtype = torch.float64
     ops = [build_operator(c, "gcn" if isinstance(layer, GCNLayer) else "1gnn", samples,
-                          probabilities[i] if probabilities else None, dtype, exchanged=True)
+                          probabilities[i] if probabilities else None, dtype, exchanged=True,
+                          subgraph_degrees=subgraph_degrees)
            for i, c in enumerate(clients)]
     xs = [torch.from_numpy(c.x).to(dtype)[op.rows] for c, op in zip(clients, ops)]
     sends = []
@@ -151,3 +152,33 @@ def test_sampled_first_layer_is_unbiased(tmp_path, layer_class):
         mean_z2[norm] = float(np.mean(np.concatenate(z2)))
     assert mean_z2[True] < 1.5, mean_z2
     assert mean_z2[False] > 10, mean_z2
+
+
+def test_subgraph_norm_across_clients_is_one_gcn_layer_on_the_induced_subgraph(tmp_path):
+    """--subgraph-norm over three clients: each sampled node's degree counts its sampled
+    neighbours on every client (cross edges included), so the layer equals PyG's GCNConv, with
+    its own normalisation, on the subgraph the union of the samples induces in the whole graph."""
+    from torch_geometric.nn import GCNConv
+    from torch_geometric.utils import from_scipy_sparse_matrix
+
+    clients = _clients(tmp_path)
+    layer = GCNLayer(5, 3).double()
+    rng = np.random.default_rng(3)
+    samples = [np.sort(rng.choice(c.num_nodes, c.num_nodes // 3, replace=False))
+               for c in clients]
+    probabilities = [rng.uniform(0.1, 1.0, index.shape[0]) for index in samples]  # ignored
+    with torch.no_grad():
+        outputs, _ = _layer_outputs(clients, layer, samples, probabilities, subgraph_degrees=True)
+    merged = ClientGraph.merged([load_client_shard(tmp_path / "s" / shard_filename(i))
+                                 for i in range(len(clients))])
+    starts = np.cumsum([0] + [c.num_nodes for c in clients])
+    sampled = np.concatenate([starts[i] + index for i, index in enumerate(samples)])
+    induced = merged.inner[sampled][:, sampled]
+    conv = GCNConv(5, 3).double()  # its own degrees, self loops and normalisation
+    conv.lin.weight.data.copy_(layer.lin.weight.data)
+    conv.bias.data.copy_(layer.bias.data)
+    edge_index, _ = from_scipy_sparse_matrix(induced)
+    x = torch.from_numpy(merged.x[sampled]).double()
+    with torch.no_grad():
+        expected = conv(x, edge_index)
+    np.testing.assert_allclose(torch.cat(outputs).numpy(), expected.numpy(), atol=1e-12)

@@ -140,13 +140,18 @@ def merged_sample(manifest) -> NodeSample:
                       np.concatenate([s.probability for s in samples]))
 
 
-@pytest.mark.parametrize("backbone,secure", [("gcn", False), ("1gnn", True)])
-def test_exact_first_layer_distributed_equals_centralized(toy_graph, tmp_path, backbone, secure):
+@pytest.mark.parametrize("backbone,secure,flags", [
+    ("gcn", False, {"exact_first_layer": True}), ("1gnn", True, {"exact_first_layer": True}),
+    ("gcn", False, {"subgraph_norm": True}), ("gcn", True, {"subgraph_norm": True})])
+def test_a_sampled_variant_distributed_equals_centralized(toy_graph, tmp_path, backbone, secure,
+                                                          flags):
     """A sampled step with the first layer's input aggregate computed at set-up (one masked
-    exchange with --secure): every rank's loss, gradients and logits equal one process's."""
+    exchange with --secure), or with the sample normalised as a graph of its own (each node's
+    sampled degree counts its sampled neighbours on every client): every rank's loss, gradients
+    and logits equal one process's."""
     shard_dir = write_shards(toy_graph, random_parts(toy_graph.num_nodes, 3, seed=4),
                              tmp_path / "shards")
-    config = config_for(shard_dir, backbone=backbone, exact_first_layer=True, secure=secure)
+    config = config_for(shard_dir, backbone=backbone, secure=secure, **flags)
     manifest = read_manifest(shard_dir)
     found = sampled_step_on_every_rank(shard_dir, config)[0]
     merged = ClientGraph.merged([load_client_shard(shard_dir / shard_filename(i))
@@ -159,7 +164,7 @@ def test_exact_first_layer_distributed_equals_centralized(toy_graph, tmp_path, b
     order = np.argsort(merged.global_id[operator.rows.numpy()])
     for name, a, b in zip(("loss", "grads", "logits"), found,
                           (loss, flat_grads(gnn.model), logits[order])):
-        assert_close(a, b, TOLERANCE["float64"], f"{backbone} {name}")
+        assert_close(a, b, TOLERANCE["float64"], f"{backbone} {flags} {name}")
 
 
 @pytest.mark.parametrize("backbone", ["gcn", "1gnn"])
@@ -346,3 +351,14 @@ def test_history_every_is_refused_where_nothing_is_sampled():
         TrainConfig(history_every=-1).validate()
     TrainConfig(algo="centralized", sampling="label", history_every=2).validate()
     TrainConfig(algo="bns", sampling="none", history_every=2).validate()
+
+
+@pytest.mark.parametrize("flags,named", [
+    ({"no_normalize": True}, "--no-normalize"), ({"history_every": 5}, "--history-every 5"),
+    ({"algo": "fedavg"}, "--algo fedavg"), ({"algo": "centralized", "sampling": "none"},
+                                             "--sampling none")])
+def test_subgraph_norm_is_refused_where_it_has_no_meaning(flags, named):
+    with pytest.raises(ValueError, match=f"--subgraph-norm with {named}: expected node sampling"):
+        TrainConfig(subgraph_norm=True, **flags).validate()
+    TrainConfig(subgraph_norm=True).validate()
+    TrainConfig(algo="bns", sampling="none", subgraph_norm=True).validate()
