@@ -13,7 +13,8 @@ propagation is the inner block alone (one process, the whole graph as one client
 Parameter names follow PyG so a state_dict loads into PyG convs stacked in a ModuleList called
 ``layers``: GCN layer -> ``layers.{l}.lin.weight`` [out, in] and ``layers.{l}.bias`` (GCNConv);
 1-GNN layer -> ``layers.{l}.lin_rel.weight``, ``layers.{l}.lin_rel.bias``,
-``layers.{l}.lin_root.weight`` (GraphConv).
+``layers.{l}.lin_root.weight`` (GraphConv); SAGE layer -> ``layers.{l}.lin_l.weight``,
+``layers.{l}.lin_l.bias``, ``layers.{l}.lin_r.weight`` (SAGEConv).
 
 Adding a backbone: a ``GraphLayer`` subclass here and one line in ``mpifgl.registry.BACKBONES``.
 """
@@ -249,6 +250,46 @@ class OneGNNLayer(GraphLayer):
 
     def update(self, aggregated, z, message, op):
         return _add(_add(aggregated, self.lin_rel.bias), linear(z, self.lin_root.weight))
+
+
+class SAGELayer(GraphLayer):
+    """GraphSAGE-mean (Hamilton et al.): H = mean_{u in N(v)} z_u W_l^T + b + z_v W_r^T (PyG
+    SAGEConv, aggr='mean', root weight): a node's own row and its neighbours' mean have weights
+    of their own, where GCN mixes them with one weight by degree. A node without neighbours
+    gets its own term only.
+
+    Shapes: z [k, in_dim] -> [k, out_dim]."""
+
+    def __init__(self, in_dim: int, out_dim: int):
+        super().__init__()
+        self.lin_l = nn.Linear(in_dim, out_dim, bias=True)
+        self.lin_r = nn.Linear(in_dim, out_dim, bias=False)
+
+    @staticmethod
+    def scales(degree: torch.Tensor, probability: torch.Tensor) -> Scales:
+        mean = torch.where(degree > 0, 1.0 / degree.clamp(min=1), torch.zeros_like(degree))
+        return Scales(mean, 1.0 / probability, torch.zeros_like(degree))
+
+    @staticmethod
+    def pyg_conv(in_dim: int, out_dim: int) -> nn.Module:
+        """SAGEConv summing over edges the caller weighs 1/deg(v) (GraphSAINT's layer)."""
+        from torch_geometric.nn import SAGEConv
+        return SAGEConv(in_dim, out_dim, aggr="sum")
+
+    @property
+    def out_dim(self) -> int:
+        return self.lin_l.out_features
+
+    def reset(self, generator: torch.Generator) -> None:
+        _glorot(self.lin_l.weight, generator)
+        _glorot(self.lin_r.weight, generator)
+        nn.init.zeros_(self.lin_l.bias)
+
+    def message(self, z: Features) -> torch.Tensor:
+        return linear(z, self.lin_l.weight)
+
+    def update(self, aggregated, z, message, op):
+        return _add(_add(aggregated, self.lin_l.bias), linear(z, self.lin_r.weight))
 
 
 def layer_type(backbone: str) -> type[GraphLayer]:

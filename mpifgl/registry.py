@@ -82,6 +82,8 @@ METHODS: dict[str, Method] = _table(
 BACKBONES: dict[str, Entry] = _table(
     Entry("gcn", "mpifgl.model:GCNLayer", "GCN (Kipf & Welling), PyG GCNConv"),
     Entry("1gnn", "mpifgl.model:OneGNNLayer", "1-GNN (Morris et al.), PyG GraphConv, sum"),
+    Entry("sage", "mpifgl.model:SAGELayer", "GraphSAGE-mean (Hamilton et al.), PyG SAGEConv, "
+          "the neighbours' mean and the node's own row weighted apart"),
 )
 
 EXCHANGES: dict[str, Entry] = _table(

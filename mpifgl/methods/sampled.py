@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fgl_common.arrays import offsets
-from mpifgl.model import Scales, dropout, layer_type, linear, make_features, select_rows
+from mpifgl.model import SAGELayer, dropout, layer_type, linear, make_features, select_rows
 from mpifgl.operators import SparseFeatures, torch_csr
 from mpifgl.optim import Adam
 from mpifgl.trainer import RankSetup
@@ -376,22 +376,6 @@ class GraphSAGEMethod(CentralizedPyGMethod):
         return float(np.mean(losses)) if losses else 0.0
 
 
-class SageMeanLayer:
-    """PyG's SAGEConv as GraphSAINT's layer (``--saint-layer sage``), in the form of a backbone's
-    ``scales`` and ``pyg_conv``: a sum over edges weighted 1/deg(v), the mean, which the
-    aggregator weights multiply, plus SAGE's own root weight (so no self loop)."""
-
-    @staticmethod
-    def scales(degree: torch.Tensor, probability: torch.Tensor) -> Scales:
-        mean = torch.where(degree > 0, 1.0 / degree.clamp(min=1), torch.zeros_like(degree))
-        return Scales(mean, 1.0 / probability, torch.zeros_like(degree))
-
-    @staticmethod
-    def pyg_conv(in_dim: int, out_dim: int) -> nn.Module:
-        from torch_geometric.nn import SAGEConv
-        return SAGEConv(in_dim, out_dim, aggr="sum")
-
-
 class GraphSAINTMethod(CentralizedPyGMethod):
     """GraphSAINT on our backbone's layer as its PyG conv (``GraphLayer.pyg_conv``: GCNConv
     without its own normalisation, or GraphConv with sum aggregation; SAGEConv with
@@ -420,7 +404,7 @@ class GraphSAINTMethod(CentralizedPyGMethod):
             mean_size = float(np.mean([self.walk_sampler.sample_nodes().shape[0]
                                        for _ in range(SIZE_PROBES)]))
         self.subgraphs_per_pass = max(1, round(graph.num_nodes / mean_size))
-        self.layer_type = (SageMeanLayer if config.saint_layer == "sage"
+        self.layer_type = (SAGELayer if config.saint_layer == "sage"
                            else layer_type(config.backbone))
         self.base_weight, self.self_weight = self.scaled_weights(
             np.diff(adjacency.indptr), csr_edge_index(adjacency))

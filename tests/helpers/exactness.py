@@ -16,6 +16,7 @@ from mpifgl.config import TrainConfig
 from mpifgl.graph import ClientGraph
 from mpifgl.methods import build_trainer
 from mpifgl.model import flatten, gradients, select_rows
+from mpifgl.registry import BACKBONES
 from mpifgl.sampling import NodeSample
 from tests.helpers.graphs import Graph, random_graph, random_parts
 from tests.helpers.mpi import MPI_SCRIPTS, run_mpi
@@ -40,7 +41,7 @@ TINY_MB = 4 * 16 * 8 / 2 ** 20
 
 
 TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
-CASES = [(b, d) for b in ("gcn", "1gnn") for d in ("float64", "float32")]
+CASES = [(b, d) for b in BACKBONES for d in ("float64", "float32")]
 
 
 def gather_in_global_order(comm, logits: np.ndarray, global_id: np.ndarray):
@@ -103,10 +104,10 @@ def centralized_reference(shard_dir, backbone: str, dtype: str, layers: int, sam
 
 def pyg_reference(graph: Graph, state_dict, backbone: str, dtype: str, layers: int):
     """Independent implementation: PyG convs on the original graph with the same weights."""
-    from torch_geometric.nn import GCNConv, GraphConv
+    from torch_geometric.nn import GCNConv, GraphConv, SAGEConv
     torch_dtype = torch.float64 if dtype == "float64" else torch.float32
     widths = [graph.x.shape[1]] + [16] * (layers - 1) + [graph.num_classes]
-    conv = (lambda a, b: GCNConv(a, b)) if backbone == "gcn" else (lambda a, b: GraphConv(a, b))
+    conv = {"gcn": GCNConv, "1gnn": GraphConv, "sage": SAGEConv}[backbone]  # PyG's defaults
     model = torch.nn.Module()
     model.layers = torch.nn.ModuleList(conv(widths[k], widths[k + 1]) for k in range(layers))
     model.load_state_dict(state_dict)

@@ -18,7 +18,7 @@ from mpifgl.graph import ClientGraph
 from fgl_common.shard_format import read_manifest
 from mpifgl.hardware import resolve_device
 from mpifgl.methods import build_trainer
-from tests.helpers.exactness import (fixed_sample, flat_grads, gather_in_global_order,
+from tests.helpers.exactness import (CASES, fixed_sample, flat_grads, gather_in_global_order,
                                      operator_logits)
 
 
@@ -29,34 +29,33 @@ def main(shard_dir: str, out: str, layers: int, exchange: str, buffer_mb: float,
     graph = ClientGraph.for_rank(shard_dir, manifest, comm.client_id)
     samples = fixed_sample(manifest.client_sizes())
     results = {}
-    for backbone in ("gcn", "1gnn"):
-        for dtype in ("float64", "float32"):
-            config = TrainConfig(shards=shard_dir, backbone=backbone, dtype=dtype, dropout=0.0,
-                                 sampling="none", layers=layers, hidden=16, seed=3,
-                                 exchange=exchange, exchange_buffer_mb=buffer_mb, secure=secure)
-            gnn = build_trainer(config, comm, graph, manifest.num_classes,
-                                device=resolve_device(device, max(0, comm.client_id))).method
-            key = f"{backbone}_{dtype}"
-            loss = gnn.loss_and_gradients(gnn.full_operator,
-                                          gnn.setup.global_split_counts["train"])
-            grads = flat_grads(gnn.model)
-            logits, _ = gather_in_global_order(comm, gnn.full_logits().cpu().numpy(),
-                                               graph.global_id)
-            if comm.is_server:
-                results[f"{key}_loss"], results[f"{key}_grads"] = np.asarray(loss), grads
-                results[f"{key}_logits"] = logits
-            # one step on the fixed sample
-            own = samples[comm.client_id] if comm.is_client else None
-            operator, train_rows = gnn.operator_for_sample(own)
-            loss = gnn.loss_and_gradients(operator, train_rows)
-            grads = flat_grads(gnn.model)
-            logits, ids = gather_in_global_order(
-                comm, operator_logits(comm, gnn, operator, manifest.num_classes),
-                graph.global_id[operator.rows.cpu().numpy()])
-            if comm.is_server:
-                results[f"sampled_{key}_loss"], results[f"sampled_{key}_grads"] = \
-                    np.asarray(loss), grads
-                results[f"sampled_{key}_logits"], results["sampled_ids"] = logits, ids
+    for backbone, dtype in CASES:
+        config = TrainConfig(shards=shard_dir, backbone=backbone, dtype=dtype, dropout=0.0,
+                             sampling="none", layers=layers, hidden=16, seed=3,
+                             exchange=exchange, exchange_buffer_mb=buffer_mb, secure=secure)
+        gnn = build_trainer(config, comm, graph, manifest.num_classes,
+                            device=resolve_device(device, max(0, comm.client_id))).method
+        key = f"{backbone}_{dtype}"
+        loss = gnn.loss_and_gradients(gnn.full_operator,
+                                      gnn.setup.global_split_counts["train"])
+        grads = flat_grads(gnn.model)
+        logits, _ = gather_in_global_order(comm, gnn.full_logits().cpu().numpy(),
+                                           graph.global_id)
+        if comm.is_server:
+            results[f"{key}_loss"], results[f"{key}_grads"] = np.asarray(loss), grads
+            results[f"{key}_logits"] = logits
+        # one step on the fixed sample
+        own = samples[comm.client_id] if comm.is_client else None
+        operator, train_rows = gnn.operator_for_sample(own)
+        loss = gnn.loss_and_gradients(operator, train_rows)
+        grads = flat_grads(gnn.model)
+        logits, ids = gather_in_global_order(
+            comm, operator_logits(comm, gnn, operator, manifest.num_classes),
+            graph.global_id[operator.rows.cpu().numpy()])
+        if comm.is_server:
+            results[f"sampled_{key}_loss"], results[f"sampled_{key}_grads"] = \
+                np.asarray(loss), grads
+            results[f"sampled_{key}_logits"], results["sampled_ids"] = logits, ids
     if comm.is_server:
         np.savez(out, **results)
 

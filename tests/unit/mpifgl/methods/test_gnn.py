@@ -14,7 +14,7 @@ from mpifgl.config import TrainConfig
 from mpifgl.graph import ClientGraph
 from mpifgl.methods import build_trainer
 from mpifgl.model import select_rows
-from mpifgl.registry import EXCHANGES
+from mpifgl.registry import BACKBONES, EXCHANGES
 from mpifgl.sampling import NodeSample, NodeSampler
 from tests.helpers.exactness import (TOLERANCE, assert_close, centralized_reference, fixed_sample,
                                      flat_grads, gather_in_global_order, operator_logits)
@@ -55,7 +55,7 @@ def sampled_step_on_every_rank(shard_dir, config: TrainConfig, ranks: int = 4) -
 
 
 @pytest.mark.parametrize("mode", list(EXCHANGES))
-@pytest.mark.parametrize("backbone", ["gcn", "1gnn"])
+@pytest.mark.parametrize("backbone", list(BACKBONES))
 def test_a_distributed_step_equals_the_centralized_one(toy_graph, tmp_path, mode, backbone):
     shard_dir = write_shards(toy_graph, random_parts(toy_graph.num_nodes, 3, seed=4),
                              tmp_path / "shards")
