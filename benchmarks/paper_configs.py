@@ -18,7 +18,8 @@ the nodes): seed ``seeds[0]`` at every lr of ``--lrs``, the lr with the best val
 then the other seeds at that lr. Methods are the study's (study/catalog.py): ours, ours-exact1
 (``--exact-first-layer``, beyond the paper), ours-history (``--history-every 5``, beyond the
 paper), ours-star (``--no-normalize``, the paper's ours*), ours-subgraph (``--subgraph-norm``,
-beyond the paper; not run by default), ours-full (``--sampling none``), centralized (full batch, one process), fedavg, bns,
+beyond the paper), ours-sage and centralized-sage (``--backbone sage``; these three not run by
+default), ours-full (``--sampling none``), centralized (full batch, one process), fedavg, bns,
 graphsaint (with the walk roots, walk length and sample coverage behind the paper's figure, the
 roots scaled with the graph: ``Proxy.saint`` in data_prep/proxies.py). Flags after ``--`` go
 to every ``mpifgl.train`` (e.g. ``-- --exchange-buffer-mb 256``). ``--set`` overrides generator
@@ -54,7 +55,7 @@ from study.plan import LR_GRID  # noqa: E402
 DEFAULT_METHODS = ("ours", "ours-exact1", "ours-history", "ours-star", "ours-full",
                    "centralized", "fedavg", "bns", "graphsaint")
 # methods that take the paper's sample size
-SAMPLED = ("ours", "ours-exact1", "ours-history", "ours-star", "ours-subgraph")
+SAMPLED = ("ours", "ours-exact1", "ours-history", "ours-star", "ours-subgraph", "ours-sage")
 # The paper's test micro-F1 (%), 8 clients, random partition: Table 2, and the ablation table
 # for ours-full and ours* (its "ours" on Reddit, 96.05, differs from Table 2's 95.54).
 PAPER = {

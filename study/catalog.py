@@ -34,6 +34,9 @@ METHODS = {m.name: m for m in (
     Method("ours-1gnn", "Ours (1-GNN)", "ours", ("--backbone", "1gnn")),
     Method("centralized", "Centralized GCN", "centralized"),
     Method("centralized-1gnn", "Centralized 1-GNN", "centralized", ("--backbone", "1gnn")),
+    # GraphSAGE-mean layers, those of the sampled methods on OGB's products leaderboard
+    Method("ours-sage", "Ours (SAGE)", "ours", ("--backbone", "sage")),
+    Method("centralized-sage", "Centralized SAGE", "centralized", ("--backbone", "sage")),
     Method("graphsage", "GraphSAGE", "graphsage"),
     Method("graphsaint", "GraphSAINT", "graphsaint"),
     Method("fedavg", "FedAvg+GCN", "fedavg"),
