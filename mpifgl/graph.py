@@ -145,6 +145,9 @@ class CrossExchangePlan:
     segment_rows: np.ndarray  # int64 [m]
     own_segment: int  # client id, or -1 for the server
     routing: Any = None
+    # int64 [|S_i|]: each own row's entries in the cross block at sampled nodes, its neighbours
+    # on other clients inside S (the degree --subgraph-norm adds to the inner block's)
+    cross_degree: np.ndarray | None = None
 
     @property
     def segment_start(self) -> np.ndarray:
@@ -185,25 +188,13 @@ class CrossExchangePlan:
         used = np.bincount(send_rows.indices, minlength=send_rows.shape[1])
         receive_rows = np.flatnonzero(used).astype(np.int64)
         return cls(SparseMatrix(send_rows, dtype, device), touched.astype(np.int64),
-                   receive_rows, segment_rows, own)
+                   receive_rows, segment_rows, own, cross_degree=used.astype(np.int64))
 
     @classmethod
     def of_server(cls, segment_rows: np.ndarray) -> "CrossExchangePlan":
         """The server's plan: no rows of its own, the segment sizes only."""
         no_rows = np.zeros(0, dtype=np.int64)
         return cls(None, no_rows, no_rows, segment_rows, -1)
-
-
-def sampled_degree(graph: ClientGraph, rows: np.ndarray, inner_sampled: CSRArrays,
-                   col_map: np.ndarray | None) -> np.ndarray:
-    """int64 [len(rows)]: each sampled row's neighbours inside the sample S, no self loop: its
-    entries in the sampled inner block plus its cross entries at sampled columns (``col_map``
-    of ``sample_columns``; None in one process, where there are none)."""
-    degree = np.diff(inner_sampled.indptr).astype(np.int64)
-    if col_map is not None and graph.cross_arrays.nnz:
-        cross = graph.cross_arrays.select(rows, col_map, int(np.count_nonzero(col_map >= 0)))
-        degree += np.diff(cross.indptr).astype(np.int64)
-    return degree
 
 
 def sample_columns(graph: ClientGraph, samples: list[np.ndarray]) -> tuple[np.ndarray, int]:
@@ -236,7 +227,6 @@ def build_operator(graph: ClientGraph, backbone: str, samples: list[np.ndarray] 
         segments = graph.client_sizes if samples is None else [s.shape[0] for s in samples]
         return _server_operator(np.asarray(segments, dtype=np.int64), dtype, device)
     plan = None
-    col_map = None
     if samples is None:
         rows = np.arange(n_i, dtype=np.int64)
         inner = graph.inner_arrays
@@ -257,8 +247,9 @@ def build_operator(graph: ClientGraph, backbone: str, samples: list[np.ndarray] 
                                                device)
     p = np.ones(rows.shape[0]) if probability is None else probability
     degree = graph.degree[rows]
-    if subgraph_degrees and samples is not None:
-        degree, p = sampled_degree(graph, rows, inner, col_map), np.ones(rows.shape[0])
+    if subgraph_degrees and samples is not None:  # neighbours inside S, here and on other clients
+        degree = np.diff(inner.indptr) + (plan.cross_degree if plan is not None else 0)
+        p = np.ones(rows.shape[0])
     scale = layer_type(backbone).scales(torch.from_numpy(degree.astype(np.float64)),
                                         torch.from_numpy(np.asarray(p, dtype=np.float64)))
     as_col = lambda v: v.to(device=device, dtype=dtype)[:, None]  # noqa: E731

@@ -217,15 +217,48 @@ class GCNLayer(GraphLayer):
         return _add(_add(aggregated, own), self.bias)
 
 
-class OneGNNLayer(GraphLayer):
-    """1-GNN (Morris et al.): H = Z W_root^T + A Z W_rel^T + b (PyG GraphConv, aggr='add').
+class RootAndNeighbourLayer(GraphLayer):
+    """H = z W_root^T + propagate(z W_nbr^T) + b: a node's own row and its propagated
+    neighbours with weights of their own (the bias rides with the neighbour weight, as in PyG).
+    Subclasses give the scales and name the two linears as their PyG conv does, so a state_dict
+    loads into it: ``neighbour`` and ``root`` return them.
 
     Shapes: z [k, in_dim] -> [k, out_dim]."""
+
+    @property
+    def neighbour(self) -> nn.Linear:
+        raise NotImplementedError
+
+    @property
+    def root(self) -> nn.Linear:
+        raise NotImplementedError
+
+    @property
+    def out_dim(self) -> int:
+        return self.neighbour.out_features
+
+    def reset(self, generator: torch.Generator) -> None:
+        _glorot(self.neighbour.weight, generator)
+        _glorot(self.root.weight, generator)
+        nn.init.zeros_(self.neighbour.bias)
+
+    def message(self, z: Features) -> torch.Tensor:
+        return linear(z, self.neighbour.weight)
+
+    def update(self, aggregated, z, message, op):
+        return _add(_add(aggregated, self.neighbour.bias), linear(z, self.root.weight))
+
+
+class OneGNNLayer(RootAndNeighbourLayer):
+    """1-GNN (Morris et al.): H = Z W_root^T + A Z W_rel^T + b (PyG GraphConv, aggr='add')."""
 
     def __init__(self, in_dim: int, out_dim: int):
         super().__init__()
         self.lin_rel = nn.Linear(in_dim, out_dim, bias=True)
         self.lin_root = nn.Linear(in_dim, out_dim, bias=False)
+
+    neighbour = property(lambda self: self.lin_rel)
+    root = property(lambda self: self.lin_root)
 
     @staticmethod
     def scales(degree: torch.Tensor, probability: torch.Tensor) -> Scales:
@@ -236,34 +269,20 @@ class OneGNNLayer(GraphLayer):
         from torch_geometric.nn import GraphConv
         return GraphConv(in_dim, out_dim, aggr="add")
 
-    @property
-    def out_dim(self) -> int:
-        return self.lin_rel.out_features
 
-    def reset(self, generator: torch.Generator) -> None:
-        _glorot(self.lin_rel.weight, generator)
-        _glorot(self.lin_root.weight, generator)
-        nn.init.zeros_(self.lin_rel.bias)
-
-    def message(self, z: Features) -> torch.Tensor:
-        return linear(z, self.lin_rel.weight)
-
-    def update(self, aggregated, z, message, op):
-        return _add(_add(aggregated, self.lin_rel.bias), linear(z, self.lin_root.weight))
-
-
-class SAGELayer(GraphLayer):
+class SAGELayer(RootAndNeighbourLayer):
     """GraphSAGE-mean (Hamilton et al.): H = mean_{u in N(v)} z_u W_l^T + b + z_v W_r^T (PyG
-    SAGEConv, aggr='mean', root weight): a node's own row and its neighbours' mean have weights
-    of their own, where GCN mixes them with one weight by degree. A node without neighbours
-    gets its own term only.
-
-    Shapes: z [k, in_dim] -> [k, out_dim]."""
+    SAGEConv, aggr='mean', root weight): where GCN mixes a node's own row into its neighbours'
+    sum with one weight by degree, here each has its own. A node without neighbours gets its
+    own term only."""
 
     def __init__(self, in_dim: int, out_dim: int):
         super().__init__()
         self.lin_l = nn.Linear(in_dim, out_dim, bias=True)
         self.lin_r = nn.Linear(in_dim, out_dim, bias=False)
+
+    neighbour = property(lambda self: self.lin_l)
+    root = property(lambda self: self.lin_r)
 
     @staticmethod
     def scales(degree: torch.Tensor, probability: torch.Tensor) -> Scales:
@@ -275,21 +294,6 @@ class SAGELayer(GraphLayer):
         """SAGEConv summing over edges the caller weighs 1/deg(v) (GraphSAINT's layer)."""
         from torch_geometric.nn import SAGEConv
         return SAGEConv(in_dim, out_dim, aggr="sum")
-
-    @property
-    def out_dim(self) -> int:
-        return self.lin_l.out_features
-
-    def reset(self, generator: torch.Generator) -> None:
-        _glorot(self.lin_l.weight, generator)
-        _glorot(self.lin_r.weight, generator)
-        nn.init.zeros_(self.lin_l.bias)
-
-    def message(self, z: Features) -> torch.Tensor:
-        return linear(z, self.lin_l.weight)
-
-    def update(self, aggregated, z, message, op):
-        return _add(_add(aggregated, self.lin_l.bias), linear(z, self.lin_r.weight))
 
 
 def layer_type(backbone: str) -> type[GraphLayer]:
