@@ -49,6 +49,7 @@ from benchmarks.paper_runs import (override_suffix, paper_sample_size,  # noqa: 
                                    read_run, run, train_command)
 from data_prep.proxies import PROXIES, proxy  # noqa: E402
 from fgl_common.cli import option  # noqa: E402
+from mpifgl.config import parse_config  # noqa: E402
 from study.catalog import METHODS, label_of  # noqa: E402
 from study.plan import LR_GRID  # noqa: E402
 
@@ -181,10 +182,18 @@ def _num(value: float | None, digits: int = 1, scale: float = 1.0) -> str:
     return "n/a" if value is None else f"{scale * value:,.{digits}f}"
 
 
+def backbone_of(extra: list[str]) -> str:
+    """The ``--backbone`` the flags after ``--`` give every run (the rows' labels name it)."""
+    return parse_config(["--algo", "ours", *extra]).backbone
+
+
 def table(args: PaperConfigArgs, extra: list[str]) -> str:
     """The markdown table of every proxy; ``extra``: the flags after ``--``, which every run
-    took (e.g. another backbone than the labels' GCN), named in the heading."""
+    took, named in the heading (a backbone also in the rows' labels)."""
     lines = []
+    backbone = backbone_of(extra)
+    # every figure of the paper is with GCN layers
+    paper_heading = "paper" if backbone == "gcn" else "paper (GCN layers)"
     every_run = f"; every run with {' '.join(extra)}" if extra else ""
     for name in args.proxies:
         spec = proxy(name)
@@ -194,7 +203,7 @@ def table(args: PaperConfigArgs, extra: list[str]) -> str:
                   f"sampled ones, {epochs_of(args, name)} epochs, evaluation every "
                   f"{args.eval_every}{every_run})",
                   "",
-                  "| method | paper | measured (mean ± std) | seeds | lr | best epoch | "
+                  f"| method | {paper_heading} | measured (mean ± std) | seeds | lr | best epoch | "
                   "last epoch's test | s / training epoch | MB sent / client / epoch | "
                   "peak RSS max rank / sum (MB) | last loss |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -202,7 +211,7 @@ def table(args: PaperConfigArgs, extra: list[str]) -> str:
             lr = chosen_lr(args, name, method)
             paper = PAPER_NOTE.get((spec.real, method), _num(PAPER[spec.real].get(method), 2))
             if lr is None:
-                lines.append(f"| {label_of(method)} | {paper} | not run | | | | | | | | |")
+                lines.append(f"| {label_of(method, backbone)} | {paper} | not run | | | | | | | | |")
                 continue
             runs = [read_run(run_dir(args, name, method, lr, s)) for s in args.seeds]
             done = [r for r in runs if r.test is not None]
@@ -210,7 +219,7 @@ def table(args: PaperConfigArgs, extra: list[str]) -> str:
             spread = f" ± {statistics.stdev(tests):.2f}" if len(tests) > 1 else ""
             first = runs[0]
             lines.append(
-                f"| {label_of(method)} | {paper} | {statistics.mean(tests):.2f}{spread} | "
+                f"| {label_of(method, backbone)} | {paper} | {statistics.mean(tests):.2f}{spread} | "
                 f"{len(done)} | {lr:g} | {first.best_epoch} | {_num(first.last_test, 2, 100)} | "
                 f"{_num(first.train_seconds, 2)} | "
                 f"{_num(first.sent_mb_per_client, 0)} | {_num(first.peak_rss_max_mb, 0)} / "
@@ -219,7 +228,7 @@ def table(args: PaperConfigArgs, extra: list[str]) -> str:
         for method in args.methods:
             vals = [read_run(run_dir(args, name, method, lr, args.seeds[0])) for lr in args.lrs]
             if any(v.val is not None for v in vals):
-                searched.append(f"{label_of(method)} " + ", ".join(
+                searched.append(f"{label_of(method, backbone)} " + ", ".join(
                     f"{lr:g}: {_num(v.val, 1, 100)} / {_num(v.test, 1, 100)}"
                     for lr, v in zip(args.lrs, vals)))
         lines += ["", "lr search, validation / test micro-F1 (%) on seed "
@@ -227,13 +236,14 @@ def table(args: PaperConfigArgs, extra: list[str]) -> str:
     return "\n".join(lines)
 
 
-def curves(args: PaperConfigArgs) -> None:
+def curves(args: PaperConfigArgs, extra: list[str]) -> None:
+    backbone = backbone_of(extra)
     for name in args.proxies:
         runs = {}
         for method in args.methods:
             lr = chosen_lr(args, name, method)
             if lr is not None:
-                runs[f"{label_of(method)} (lr {lr:g})"] = run_dir(args, name, method, lr,
+                runs[f"{label_of(method, backbone)} (lr {lr:g})"] = run_dir(args, name, method, lr,
                                                                   args.seeds[0])
         if runs:
             path = args.work / f"curves-{group(args, name)}.png"
@@ -260,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     text = table(args, extra)
     (args.work / "paper_configs.md").write_text(text + "\n")
     print(text)
-    curves(args)
+    curves(args, extra)
     return 0
 
 

@@ -28,6 +28,7 @@ class Entry:
     summary: str
     # --secure can mask it (a method: its cross-client exchange; an exchange: its messages)
     maskable: bool = False
+    short: str = ""  # a backbone's name in tables and legends ("GCN")
 
     def load(self) -> Any:
         module, _, attribute = self.path.partition(":")
@@ -80,10 +81,11 @@ METHODS: dict[str, Method] = _table(
 )
 
 BACKBONES: dict[str, Entry] = _table(
-    Entry("gcn", "mpifgl.model:GCNLayer", "GCN (Kipf & Welling), PyG GCNConv"),
-    Entry("1gnn", "mpifgl.model:OneGNNLayer", "1-GNN (Morris et al.), PyG GraphConv, sum"),
+    Entry("gcn", "mpifgl.model:GCNLayer", "GCN (Kipf & Welling), PyG GCNConv", short="GCN"),
+    Entry("1gnn", "mpifgl.model:OneGNNLayer", "1-GNN (Morris et al.), PyG GraphConv, sum",
+          short="1-GNN"),
     Entry("sage", "mpifgl.model:SAGELayer", "GraphSAGE-mean (Hamilton et al.), PyG SAGEConv, "
-          "the neighbours' mean and the node's own row weighted apart"),
+          "the neighbours' mean and the node's own row weighted apart", short="SAGE"),
 )
 
 EXCHANGES: dict[str, Entry] = _table(

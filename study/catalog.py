@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mpifgl.methods import get_method
+from mpifgl.registry import BACKBONES
 
 # The paper's tables and figures, in report order.
 SECTIONS = ("table2", "fig3", "fig4", "table4", "table5", "fig5", "fig6")
@@ -19,7 +20,7 @@ class Method:
     """A row of the report: an ``--algo`` of ``mpifgl.train`` plus the flags that make the variant."""
 
     name: str  # in run directory names, plan.json and the CSVs
-    label: str  # in the Markdown tables and plot legends
+    label: str  # in the Markdown tables and plot legends; "{layer}": the backbone's short name
     algo: str  # mpifgl.train --algo
     flags: tuple[str, ...] = ()  # extra mpifgl.train flags
 
@@ -30,16 +31,16 @@ class Method:
 
 
 METHODS = {m.name: m for m in (
-    Method("ours", "Ours (GCN)", "ours"),
-    Method("ours-1gnn", "Ours (1-GNN)", "ours", ("--backbone", "1gnn")),
-    Method("centralized", "Centralized GCN", "centralized"),
-    Method("centralized-1gnn", "Centralized 1-GNN", "centralized", ("--backbone", "1gnn")),
+    Method("ours", "Ours ({layer})", "ours"),
+    Method("ours-1gnn", "Ours ({layer})", "ours", ("--backbone", "1gnn")),
+    Method("centralized", "Centralized {layer}", "centralized"),
+    Method("centralized-1gnn", "Centralized {layer}", "centralized", ("--backbone", "1gnn")),
     # GraphSAGE-mean layers, those of the sampled methods on OGB's products leaderboard
-    Method("ours-sage", "Ours (SAGE)", "ours", ("--backbone", "sage")),
-    Method("centralized-sage", "Centralized SAGE", "centralized", ("--backbone", "sage")),
+    Method("ours-sage", "Ours ({layer})", "ours", ("--backbone", "sage")),
+    Method("centralized-sage", "Centralized {layer}", "centralized", ("--backbone", "sage")),
     Method("graphsage", "GraphSAGE", "graphsage"),
     Method("graphsaint", "GraphSAINT", "graphsaint"),
-    Method("fedavg", "FedAvg+GCN", "fedavg"),
+    Method("fedavg", "FedAvg+{layer}", "fedavg"),
     Method("fedavg-nc", "FedAvg+NC (20%)", "fedavg-nc"),
     Method("bns", "BNS-GCN", "bns"),
     Method("ours-full", "ours-full", "ours", ("--sampling", "none")),  # no sampling
@@ -53,7 +54,7 @@ METHODS = {m.name: m for m in (
     # (docs/paper_scale.md, section 9)
     Method("ours-subgraph", "ours, subgraph norm", "ours", ("--subgraph-norm",)),
     # the masked exchange and sums (docs/privacy.md): what privacy costs in time and bytes
-    Method("ours-secure", "Ours (GCN, --secure)", "ours", ("--secure",)),
+    Method("ours-secure", "Ours ({layer}, --secure)", "ours", ("--secure",)),
 )}
 
 # The rows of each section, in table order. Figures 3 and 4 also run "centralized" as the
@@ -77,10 +78,16 @@ def methods_of(section: str) -> tuple[str, ...]:
     return SECTION_METHODS[section]
 
 
-def label_of(name: str) -> str:
-    """Label of method ``name`` in tables; a name the catalog does not know (an older plan)
-    is its own label."""
-    return METHODS[name].label if name in METHODS else name
+def label_of(name: str, backbone: str = "gcn") -> str:
+    """Label of method ``name`` in tables, its layer named as the method's own ``--backbone``
+    flag or else ``backbone`` sets it; a name the catalog does not know (an older plan) is its
+    own label."""
+    if name not in METHODS:
+        return name
+    method = METHODS[name]
+    if "--backbone" in method.flags:
+        backbone = method.flags[method.flags.index("--backbone") + 1]
+    return method.label.format(layer=BACKBONES[backbone].short)
 
 
 def algo_of(name: str) -> str:

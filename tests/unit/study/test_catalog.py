@@ -20,11 +20,24 @@ def test_every_method_is_a_valid_training_with_a_label(name):
 
 
 def test_labels_are_unique_and_match_the_report_tables():
-    labels = [m.label for m in METHODS.values()]
+    labels = [label_of(name) for name in METHODS]
     assert len(labels) == len(set(labels))
+    assert label_of("ours") == "Ours (GCN)" and label_of("centralized") == "Centralized GCN"
+    assert label_of("ours-1gnn") == "Ours (1-GNN)"
+    assert label_of("centralized-sage") == "Centralized SAGE"
     assert label_of("ours-star") == "ours*" and label_of("ours-full") == "ours-full"
     assert label_of("fedavg-nc") == "FedAvg+NC (20%)"
     assert label_of("not-in-catalog") == "not-in-catalog"  # a plan written by an older study
+
+
+def test_labels_name_the_backbone_every_run_took():
+    # paper_configs.py ... -- --backbone sage: the rows say SAGE, not the catalog's GCN
+    assert label_of("ours", "sage") == "Ours (SAGE)"
+    assert label_of("centralized", "sage") == "Centralized SAGE"
+    assert label_of("fedavg", "1gnn") == "FedAvg+1-GNN"
+    assert label_of("ours-secure", "sage") == "Ours (SAGE, --secure)"
+    assert label_of("ours-1gnn", "sage") == "Ours (1-GNN)"  # the method's own flag wins
+    assert label_of("ours-star", "sage") == "ours*"
 
 
 def test_sections_name_catalog_methods_only():
