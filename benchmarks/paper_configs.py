@@ -187,11 +187,10 @@ def backbone_of(extra: list[str]) -> str:
     return parse_config(["--algo", "ours", *extra]).backbone
 
 
-def table(args: PaperConfigArgs, extra: list[str]) -> str:
+def table(args: PaperConfigArgs, extra: list[str], backbone: str) -> str:
     """The markdown table of every proxy; ``extra``: the flags after ``--``, which every run
-    took, named in the heading (a backbone also in the rows' labels)."""
+    took, named in the heading; ``backbone``: the one they set, named in the rows' labels."""
     lines = []
-    backbone = backbone_of(extra)
     # every figure of the paper is with GCN layers
     paper_heading = "paper" if backbone == "gcn" else "paper (GCN layers)"
     every_run = f"; every run with {' '.join(extra)}" if extra else ""
@@ -203,15 +202,16 @@ def table(args: PaperConfigArgs, extra: list[str]) -> str:
                   f"sampled ones, {epochs_of(args, name)} epochs, evaluation every "
                   f"{args.eval_every}{every_run})",
                   "",
-                  f"| method | {paper_heading} | measured (mean ± std) | seeds | lr | best epoch | "
-                  "last epoch's test | s / training epoch | MB sent / client / epoch | "
+                  f"| method | {paper_heading} | measured (mean ± std) | seeds | lr | "
+                  "best epoch | last epoch's test | s / training epoch | MB sent / client / epoch | "
                   "peak RSS max rank / sum (MB) | last loss |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for method in args.methods:
             lr = chosen_lr(args, name, method)
             paper = PAPER_NOTE.get((spec.real, method), _num(PAPER[spec.real].get(method), 2))
             if lr is None:
-                lines.append(f"| {label_of(method, backbone)} | {paper} | not run | | | | | | | | |")
+                lines.append(f"| {label_of(method, backbone)} | {paper} | not run "
+                             "| | | | | | | | |")
                 continue
             runs = [read_run(run_dir(args, name, method, lr, s)) for s in args.seeds]
             done = [r for r in runs if r.test is not None]
@@ -219,7 +219,8 @@ def table(args: PaperConfigArgs, extra: list[str]) -> str:
             spread = f" ± {statistics.stdev(tests):.2f}" if len(tests) > 1 else ""
             first = runs[0]
             lines.append(
-                f"| {label_of(method, backbone)} | {paper} | {statistics.mean(tests):.2f}{spread} | "
+                f"| {label_of(method, backbone)} | {paper} | "
+                f"{statistics.mean(tests):.2f}{spread} | "
                 f"{len(done)} | {lr:g} | {first.best_epoch} | {_num(first.last_test, 2, 100)} | "
                 f"{_num(first.train_seconds, 2)} | "
                 f"{_num(first.sent_mb_per_client, 0)} | {_num(first.peak_rss_max_mb, 0)} / "
@@ -236,15 +237,14 @@ def table(args: PaperConfigArgs, extra: list[str]) -> str:
     return "\n".join(lines)
 
 
-def curves(args: PaperConfigArgs, extra: list[str]) -> None:
-    backbone = backbone_of(extra)
+def curves(args: PaperConfigArgs, backbone: str) -> None:
     for name in args.proxies:
         runs = {}
         for method in args.methods:
             lr = chosen_lr(args, name, method)
             if lr is not None:
-                runs[f"{label_of(method, backbone)} (lr {lr:g})"] = run_dir(args, name, method, lr,
-                                                                  args.seeds[0])
+                runs[f"{label_of(method, backbone)} (lr {lr:g})"] = run_dir(
+                    args, name, method, lr, args.seeds[0])
         if runs:
             path = args.work / f"curves-{group(args, name)}.png"
             plot_curves(runs, path, f"{group(args, name)} proxy x{scale_of(args, name):g}")
@@ -267,10 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         execute(args, extra)
-    text = table(args, extra)
+    backbone = backbone_of(extra)
+    text = table(args, extra, backbone)
     (args.work / "paper_configs.md").write_text(text + "\n")
     print(text)
-    curves(args, extra)
+    curves(args, backbone)
     return 0
 
 
