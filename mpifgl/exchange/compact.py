@@ -68,9 +68,21 @@ def _server_routing(pieces: list[list[np.ndarray]], plan: CrossExchangePlan,
     # memory for a full-graph plan is a few copies of every sender's ids
     id_dtype = pieces[0][0].dtype if pieces and pieces[0] else np.int64
     ids = [np.concatenate(p) if p else np.zeros(0, id_dtype) for p in pieces]
-    union, senders_per_row = np.unique(np.concatenate(ids) if ids else np.zeros(0, id_dtype),
-                                       return_counts=True)
     segment_start = plan.segment_start
+    total = int(segment_start[-1])
+    # each sender's ids ascending, distinct and in range: what the counts below and the sum
+    # matrices' counting sort rely on
+    if not all(s.shape[0] == 0 or (int(s[0]) >= 0 and int(s[-1]) < total
+                                   and bool(np.all(s[1:] > s[:-1]))) for s in ids):
+        return np.zeros(0, np.int64), None, None
+    # U and its senders per row by counting over the S-positions: linear, where np.unique
+    # sorts every sender's ids again (the server's set-up of a plan, while the clients wait)
+    senders_at = np.zeros(total, dtype=np.int64)
+    for s in ids:
+        senders_at[s] += 1
+    union = np.flatnonzero(senders_at)
+    senders_per_row = senders_at[union]
+    del senders_at
     owner = np.searchsorted(segment_start, union, side="right") - 1
     per_owner = np.bincount(owner, minlength=receive_counts.shape[0])
     if not np.array_equal(per_owner, receive_counts):
@@ -80,7 +92,10 @@ def _server_routing(pieces: list[list[np.ndarray]], plan: CrossExchangePlan,
     position_bounds = np.append(union[row_bounds[:-1]], int(segment_start[-1]))
     if union.shape[0] == 0:
         position_bounds = np.zeros(1, dtype=np.int64)
-    sender_rows = [np.searchsorted(union, s) for s in ids]
+    row_of = np.empty(total, dtype=np.int64)  # S-position -> row of U, read at U only
+    row_of[union] = np.arange(union.shape[0])
+    sender_rows = [row_of[s] for s in ids]
+    del row_of
     sender_bounds = np.stack([np.searchsorted(r, row_bounds) for r in sender_rows]) \
         if sender_rows else np.zeros((0, row_bounds.shape[0]), np.int64)
     return np.concatenate([position_bounds, row_bounds]), sender_rows, sender_bounds
@@ -113,13 +128,26 @@ def sum_matrices(routing: Routing, heads: bool = False) -> list[CSRArrays]:
             owner = np.searchsorted(owner_start, target + low, side="right") - 1
             target = target + owner + 1  # each owner's rows after its head row
             rows, columns = rows + len(sender_rows), columns + len(sender_rows)
-        order = np.argsort(target, kind="stable")
         indptr = offsets(np.bincount(target, minlength=rows))
+        order = _stable_order(target, np.diff(sender_bounds[:, c:c + 2])[:, 0], indptr)
         if with_heads:
             order = order + sender[order] + 1  # gathered rows after each sender's head row
         matrices.append(CSRArrays(indptr, order, ones[:order.shape[0]],
                                   (rows, columns)).compact_indices())
     return matrices
+
+
+def _stable_order(target: np.ndarray, run_lengths: np.ndarray, indptr: np.ndarray) -> np.ndarray:
+    """``np.argsort(target, kind="stable")`` for a ``target`` made of consecutive runs (one per
+    sender, ``run_lengths``) whose entries are distinct within a run, ``indptr`` its counts'
+    offsets: a counting sort, one pass per run, where the sort merges the runs."""
+    order = np.empty(target.shape[0], dtype=np.int64)
+    next_slot = indptr[:-1].copy()
+    for start, stop in zip(offsets(run_lengths)[:-1], offsets(run_lengths)[1:]):
+        run = target[start:stop]
+        order[next_slot[run]] = np.arange(start, stop)
+        next_slot[run] += 1  # distinct within the run: one increment per entry
+    return order
 
 
 class CompactExchange(Exchange):
