@@ -70,10 +70,8 @@ def _server_routing(pieces: list[list[np.ndarray]], plan: CrossExchangePlan,
     ids = [np.concatenate(p) if p else np.zeros(0, id_dtype) for p in pieces]
     segment_start = plan.segment_start
     total = int(segment_start[-1])
-    # each sender's ids ascending, distinct and in range: what the counts below and the sum
-    # matrices' counting sort rely on
-    if not all(s.shape[0] == 0 or (int(s[0]) >= 0 and int(s[-1]) < total
-                                   and bool(np.all(s[1:] > s[:-1]))) for s in ids):
+    # what the counts below and the sum matrices' counting sort rely on
+    if not all(_ascending_in_range(s, total) for s in ids):
         return np.zeros(0, np.int64), None, None
     # U and its senders per row by counting over the S-positions: linear, where np.unique
     # sorts every sender's ids again (the server's set-up of a plan, while the clients wait)
@@ -89,7 +87,7 @@ def _server_routing(pieces: list[list[np.ndarray]], plan: CrossExchangePlan,
         return np.zeros(0, np.int64), None, None
     cost = senders_per_row + 1 if gathered else np.full(union.shape, 2)
     row_bounds = chunk_bounds(cost, row_budget)
-    position_bounds = np.append(union[row_bounds[:-1]], int(segment_start[-1]))
+    position_bounds = np.append(union[row_bounds[:-1]], total)
     if union.shape[0] == 0:
         position_bounds = np.zeros(1, dtype=np.int64)
     row_of = np.empty(total, dtype=np.int64)  # S-position -> row of U, read at U only
@@ -121,20 +119,26 @@ def sum_matrices(routing: Routing, heads: bool = False) -> list[CSRArrays]:
         target = np.concatenate([r[sender_bounds[j, c]:sender_bounds[j, c + 1]]
                                  for j, r in enumerate(sender_rows)]) - low
         columns = int(target.shape[0])
+        per_sender = routing.gathered_rows(c)[1:]  # the server's entry is 0
         with_heads = heads and c == 0
         if with_heads:
-            sender = np.repeat(np.arange(len(sender_rows)),
-                               np.diff(sender_bounds[:, c:c + 2])[:, 0])
+            sender = np.repeat(np.arange(len(sender_rows)), per_sender)
             owner = np.searchsorted(owner_start, target + low, side="right") - 1
             target = target + owner + 1  # each owner's rows after its head row
             rows, columns = rows + len(sender_rows), columns + len(sender_rows)
         indptr = offsets(np.bincount(target, minlength=rows))
-        order = _stable_order(target, np.diff(sender_bounds[:, c:c + 2])[:, 0], indptr)
+        order = _stable_order(target, per_sender, indptr)
         if with_heads:
             order = order + sender[order] + 1  # gathered rows after each sender's head row
         matrices.append(CSRArrays(indptr, order, ones[:order.shape[0]],
                                   (rows, columns)).compact_indices())
     return matrices
+
+
+def _ascending_in_range(ids: np.ndarray, total: int) -> bool:
+    """A sender's ids strictly ascending (so distinct) and within [0, total)."""
+    return ids.shape[0] == 0 or (int(ids[0]) >= 0 and int(ids[-1]) < total
+                                 and bool(np.all(ids[1:] > ids[:-1])))
 
 
 def _stable_order(target: np.ndarray, run_lengths: np.ndarray, indptr: np.ndarray) -> np.ndarray:
@@ -143,7 +147,8 @@ def _stable_order(target: np.ndarray, run_lengths: np.ndarray, indptr: np.ndarra
     offsets: a counting sort, one pass per run, where the sort merges the runs."""
     order = np.empty(target.shape[0], dtype=np.int64)
     next_slot = indptr[:-1].copy()
-    for start, stop in zip(offsets(run_lengths)[:-1], offsets(run_lengths)[1:]):
+    bounds = offsets(run_lengths)
+    for start, stop in zip(bounds[:-1], bounds[1:]):
         run = target[start:stop]
         order[next_slot[run]] = np.arange(start, stop)
         next_slot[run] += 1  # distinct within the run: one increment per entry

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from fgl_common.arrays import offsets
 from fgl_common.shard_format import load_client_shard, read_manifest, shard_filename
 from mpifgl.config import TrainConfig
-from fgl_common.arrays import offsets
 from mpifgl.exchange import CrossClientSums, build_exchange, chunk_bounds
 from mpifgl.exchange.compact import _server_routing, _stable_order
 from mpifgl.graph import ClientGraph, CrossExchangePlan, build_operator, sample_columns
