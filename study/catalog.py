@@ -42,7 +42,7 @@ METHODS = {m.name: m for m in (
     Method("graphsaint", "GraphSAINT", "graphsaint"),
     Method("fedavg", "FedAvg+{layer}", "fedavg"),
     Method("fedavg-nc", "FedAvg+NC (20%)", "fedavg-nc"),
-    Method("bns", "BNS-GCN", "bns"),
+    Method("bns", "BNS-{layer}", "bns"),  # BNS-GCN on the default layer
     Method("ours-full", "ours-full", "ours", ("--sampling", "none")),  # no sampling
     Method("ours-star", "ours*", "ours", ("--no-normalize",)),  # sampling without 1/p
     # beyond the paper: layer 1 aggregated exactly once at set-up, sampling above it

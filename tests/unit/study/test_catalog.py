@@ -35,6 +35,7 @@ def test_labels_name_the_backbone_every_run_took():
     assert label_of("ours", "sage") == "Ours (SAGE)"
     assert label_of("centralized", "sage") == "Centralized SAGE"
     assert label_of("fedavg", "1gnn") == "FedAvg+1-GNN"
+    assert label_of("bns") == "BNS-GCN" and label_of("bns", "sage") == "BNS-SAGE"
     assert label_of("ours-secure", "sage") == "Ours (SAGE, --secure)"
     assert label_of("ours-1gnn", "sage") == "Ours (1-GNN)"  # the method's own flag wins
     assert label_of("ours-star", "sage") == "ours*"
