@@ -111,10 +111,9 @@ def sum_matrices(routing: Routing, heads: bool = False) -> list[CSRArrays]:
     sender_rows, sender_bounds = routing.sender_rows, routing.sender_bounds
     row_bounds, owner_start = routing.row_bounds, routing.owner_start
     matrices = []
-    total = max([int(np.diff(sender_bounds[:, c:c + 2]).sum())
-                 for c in range(row_bounds.shape[0] - 1)], default=0)
-    ones = np.ones(total)
-    for c in range(row_bounds.shape[0] - 1):
+    chunks = range(row_bounds.shape[0] - 1)
+    ones = np.ones(max((int(routing.gathered_rows(c).sum()) for c in chunks), default=0))
+    for c in chunks:
         low, rows = int(row_bounds[c]), int(row_bounds[c + 1] - row_bounds[c])
         target = np.concatenate([r[sender_bounds[j, c]:sender_bounds[j, c + 1]]
                                  for j, r in enumerate(sender_rows)]) - low
