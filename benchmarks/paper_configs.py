@@ -26,9 +26,11 @@ to every ``mpifgl.train`` (e.g. ``-- --exchange-buffer-mb 256``). ``--set`` over
 knobs of every proxy run (e.g. a preset's value before it was recalibrated); the shards and
 runs then go to folders named with the overrides.
 
-Resumable: a run whose ``final.json`` exists and whose command was the same is read, not run
-again (WORK/runs/<proxy>/<method>/
-lr<lr>-s<seed>/, its output beside it in ``<dir>.log``). Written: WORK/paper_configs.md (the
+Resumable: a run whose ``final.json`` exists and whose command was the same (paths compared as
+the folders they name, so a linked or moved WORK still matches) is read, not run again
+(WORK/runs/<proxy>/<method>/lr<lr>-s<seed>/, its output beside it in ``<dir>.log``); a
+finished run with other flags is renamed ``<dir>.replaced-K``, never deleted, before the new
+one runs. Written: WORK/paper_configs.md (the
 table: test micro-F1 at the best validation epoch, mean ± std over seeds, the paper's number,
 the lr, the best epoch, the last epoch's test micro-F1, seconds per training epoch, MB a client
 sends per epoch, peak RSS) and

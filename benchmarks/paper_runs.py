@@ -103,25 +103,50 @@ def train_command(method: str, shards: Path, out: Path, flags: list[str],
     return command
 
 
+# flags whose value is a path: compared as the file they name, so a work folder reached through
+# another path (a link, a moved checkout) still holds the same runs
+PATH_FLAGS = ("--shards", "--out")
+
+
 def training_flags(command: list[str]) -> list[str]:
-    """What follows ``-m mpifgl.train`` in a command: the launcher and interpreter paths may
-    differ between machines without changing the run."""
-    return command[command.index("mpifgl.train") + 1:] if "mpifgl.train" in command else command
+    """What follows ``-m mpifgl.train`` in a command, with ``PATH_FLAGS``' values resolved: the
+    launcher and interpreter paths, and the path a folder is reached by, may differ between
+    machines without changing the run."""
+    flags = command[command.index("mpifgl.train") + 1:] if "mpifgl.train" in command \
+        else list(command)
+    return [os.path.realpath(value) if i and flags[i - 1] in PATH_FLAGS else value
+            for i, value in enumerate(flags)]
+
+
+def set_aside(out: Path) -> Path:
+    """Rename a finished run's folder (and its log) to the first free ``NAME.replaced-K``, so a
+    run with other flags in its place loses nothing of it; returns the new folder."""
+    k = 1
+    while (out.parent / f"{out.name}.replaced-{k}").exists():
+        k += 1
+    kept = out.parent / f"{out.name}.replaced-{k}"
+    out.rename(kept)
+    log = out.parent / f"{out.name}.log"
+    if log.is_file():
+        log.rename(out.parent / f"{kept.name}.log")
+    return kept
 
 
 def run(command: list[str], out: Path, timeout: float, nice: int = 10) -> dict[str, Any]:
     """Run one training command (its own process group, niced), unless ``out/final.json``
-    exists already from the same training flags (resume; changed flags run it again). Returns
-    the driver's record: status, wall seconds, the command's peak RSS (wait4: its largest
-    process)."""
+    exists already from the same training flags (resume). A finished run with other flags is
+    set aside (``set_aside``), not overwritten, and the command runs. Returns the driver's
+    record: status, wall seconds, the command's peak RSS (wait4: its largest process)."""
     record_path = out / "driver.json"
     if (out / "final.json").is_file() and record_path.is_file():
         record = json.loads(record_path.read_text())
         if training_flags(record.get("command", [])) == training_flags(command):
             return record
-        print(f"   {out}: its flags differ from this command's; running it again", flush=True)
+        kept = set_aside(out)
+        print(f"   {out}: its flags differ from this command's; that run is now {kept}, "
+              "running this one", flush=True)
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("final.json", "metrics.jsonl"):
+    for stale in ("final.json", "metrics.jsonl"):  # an unfinished run's: it starts afresh
         (out / stale).unlink(missing_ok=True)
     distributed = command[0] == mpirun_path()
     env = subprocess_env(one_thread_per_rank=distributed)
