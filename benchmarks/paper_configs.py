@@ -28,9 +28,9 @@ runs then go to folders named with the overrides.
 
 Resumable: a run whose ``final.json`` exists and whose command was the same (paths compared as
 the folders they name, so a linked or moved WORK still matches) is read, not run again
-(WORK/runs/<proxy>/<method>/lr<lr>-s<seed>/, its output beside it in ``<dir>.log``); a
-finished run with other flags is renamed ``<dir>.replaced-K``, never deleted, before the new
-one runs. Written: WORK/paper_configs.md (the
+(WORK/runs/<proxy>/<method>/lr<lr>-s<seed>/, its output beside it in ``<dir>.log``); any
+other finished run there (other flags, or run by hand) is renamed ``<dir>.replaced-K``, never
+deleted, before the new one runs. Written: WORK/paper_configs.md (the
 table: test micro-F1 at the best validation epoch, mean ± std over seeds, the paper's number,
 the lr, the best epoch, the last epoch's test micro-F1, seconds per training epoch, MB a client
 sends per epoch, peak RSS) and

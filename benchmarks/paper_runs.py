@@ -134,16 +134,17 @@ def set_aside(out: Path) -> Path:
 
 def run(command: list[str], out: Path, timeout: float, nice: int = 10) -> dict[str, Any]:
     """Run one training command (its own process group, niced), unless ``out/final.json``
-    exists already from the same training flags (resume). A finished run with other flags is
-    set aside (``set_aside``), not overwritten, and the command runs. Returns the driver's
+    exists already from the same training flags (resume). Any other finished run there (other
+    flags, or no driver's record) is set aside (``set_aside``), not overwritten, and the command
+    runs. Returns the driver's
     record: status, wall seconds, the command's peak RSS (wait4: its largest process)."""
     record_path = out / "driver.json"
-    if (out / "final.json").is_file() and record_path.is_file():
-        record = json.loads(record_path.read_text())
-        if training_flags(record.get("command", [])) == training_flags(command):
+    if rundir.run_status(out) == "done":
+        record = rundir.read_json(record_path)
+        if record and training_flags(record.get("command", [])) == training_flags(command):
             return record
-        kept = set_aside(out)
-        print(f"   {out}: its flags differ from this command's; that run is now {kept}, "
+        kept = set_aside(out)  # other flags, or run by hand (no readable driver.json)
+        print(f"   {out}: finished with other or unrecorded flags; that run is now {kept}, "
               "running this one", flush=True)
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("final.json", "metrics.jsonl"):  # an unfinished run's: it starts afresh

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from benchmarks import paper_runs
 from benchmarks.paper_runs import run, set_aside, training_flags
 
 
@@ -58,3 +61,28 @@ def test_set_aside_keeps_every_earlier_run_and_its_log(tmp_path):
     second = set_aside(out)
     assert second.name == "lr0.01-s0.replaced-2" and (first / "final.json").is_file()
     assert json.loads((second / "driver.json").read_text())["command"][-1] == "0.1"
+
+
+class _Stop(Exception):
+    pass
+
+
+def _no_training(*args, **kwargs):
+    raise _Stop  # run() reached the training command: what happened before it is the test
+
+
+def test_run_sets_aside_a_finished_run_with_other_or_unrecorded_flags(tmp_path, monkeypatch):
+    monkeypatch.setattr(paper_runs.subprocess, "Popen", _no_training)
+    out = tmp_path / "runs" / "lr0.01-s0"
+    finished_run(out, tmp_path, "--lr", "0.01")
+    with pytest.raises(_Stop):
+        run(command(tmp_path, out, "--lr", "0.1"), out, timeout=1.0)
+    assert (tmp_path / "runs" / "lr0.01-s0.replaced-1" / "metrics.jsonl").is_file()
+    # a run made by hand has final.json but no driver.json: kept as well
+    out.mkdir(exist_ok=True)
+    (out / "final.json").write_text("{}")
+    (out / "metrics.jsonl").write_text('{"epoch": 7}\n')
+    with pytest.raises(_Stop):
+        run(command(tmp_path, out, "--lr", "0.1"), out, timeout=1.0)
+    kept = tmp_path / "runs" / "lr0.01-s0.replaced-2"
+    assert (kept / "metrics.jsonl").read_text() == '{"epoch": 7}\n'
