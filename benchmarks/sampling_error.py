@@ -5,12 +5,16 @@ aggregation, layer by layer, and training with it against alternatives, on a pro
     python benchmarks/sampling_error.py --proxy products --scale 0.025
         [--set feature_signal=0.05] [--fractions 0.05,0.1,0.2,0.4] [--layers 0]
         [--estimators eq4,no-norm,exact-first,history] [--warmup-epochs 50] [--draws 20]
-        [--train-epochs 100] [--fraction 0] [--lr 0.01] [--seed 0] [--json-out FILE]
+        [--train-epochs 100] [--fraction 0] [--lr 0.01] [--seed 0] [--backbone gcn|sage]
+        [--json-out FILE]
 
 One process, plain torch and scipy, no MPI: the whole graph is one client. With a random
 partition ours draws about uniformly (Q_i is close to 1 / n_i), so the sample here is s uniform
 draws with replacement, p(u) = 1 - (1 - 1/n)^s, and eq. 4 divides every neighbour's message by
-p(u) but not the node's own self-loop term (mpifgl/sampling.py). The estimators:
+p(u) but not the node's own self-loop term (mpifgl/sampling.py). ``--backbone`` picks the layer
+as mpifgl's does: gcn, P Z W + b with P = D~^-1/2 (A + I) D~^-1/2 (the node's own row one
+term of the sampled sum); sage, GraphSAGE-mean, M Z W_l + b + Z W_r with M = D^-1 A (the
+neighbours' mean sampled, the own row exact with its own weight). The estimators:
 
   eq4          the paper's (``--sampling label``): every layer aggregates over the sampled
                nodes only, neighbours scaled by 1/p
@@ -21,17 +25,19 @@ p(u) but not the node's own self-loop term (mpifgl/sampling.py). The estimators:
                (VR-GCN, Chen et al. 2018): H_S = P_S (Z_S - Zbar_S) W / p + (P Zbar)_S W, with
                Zbar the full-graph activations refreshed once per epoch
 
-Part 1, the error at fixed weights: a full-batch GCN trains ``--warmup-epochs`` epochs; at its
+Part 1, the error at fixed weights: a full-batch model trains ``--warmup-epochs`` epochs; at its
 weights (dropout off) each estimator draws ``--draws`` samples per fraction s / n, and prints the
 relative error ||H_S - H||_F / ||H||_F of every layer's pre-activations on the sampled rows, the
 training loss on the sampled training nodes minus the exact loss on the same nodes (the loss of
 an unbiased H is not unbiased: E[loss(H_S)] != loss(H)), and the weight gradient's relative
 error, mean over draws of ||g_S - g|| / ||g||, and its bias, ||mean over draws of (g_S - g)|| /
 mean ||g|| (with a noise floor of about error / sqrt(draws)), g the gradient of the exact loss on
-the same nodes. For history the activations of one epoch earlier stand in for the stale Zbar.
+the same nodes, and how often the sampled logits' class is the exact logits' on the sample's
+training nodes (agree). For history the activations of one epoch earlier stand in for the
+stale Zbar.
 
 Part 2 (``--train-epochs`` > 0), training: each estimator trains with ``--fraction`` s / n (0:
-the paper's) and steps per epoch ceil(n / s), and a full-batch GCN beside them; printed: test
+the paper's) and steps per epoch ceil(n / s), and a full-batch model beside them; printed: test
 micro-F1 at the best validation epoch (evaluation every 5 epochs), the lowest training loss,
 seconds per epoch. Same model as mpifgl (hidden 128, dropout 0.2, Adam, loss summed over the
 sample's training nodes over their count). Asserts nothing.
@@ -45,20 +51,23 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.calibrate_proxy import Net, Propagate, describe, parse_overrides  # noqa: E402
+from benchmarks.calibrate_proxy import describe, parse_overrides  # noqa: E402
 from data_prep.proxies import PROXIES, proxy  # noqa: E402
 from data_prep.synthetic import generate_synthetic  # noqa: E402
 from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option  # noqa: E402
 
 ESTIMATORS = ("eq4", "no-norm", "exact-first", "history")
+BACKBONES = ("gcn", "sage")
 
 
 @dataclass(frozen=True)
@@ -76,28 +85,90 @@ class ErrorArgs:
                                   "products, 50,000 / 232,965 on Reddit)")
     lr: float = option(0.01, "Adam learning rate")
     seed: int = option(0, "seed of the graph, the weights and the samples")
+    backbone: str = option("gcn", "layers: gcn (the node's own row inside the sampled sum) or "
+                                  "sage (GraphSAGE-mean: the own row exact, weighted apart)",
+                           BACKBONES)
     json_out: Path | None = option(None, "append the results here as JSON lines")
 
 
+class Operator(NamedTuple):
+    """A constant propagation matrix and its transpose (the backward's), both CSR: scipy's
+    product with a transposed CSR view (CSC) runs several times slower."""
+    matrix: sp.csr_matrix
+    transpose: sp.csr_matrix
+
+    def __matmul__(self, dense: np.ndarray) -> np.ndarray:
+        return np.asarray(self.matrix @ dense)
+
+
+class Propagate(torch.autograd.Function):
+    """operator @ h; the backward multiplies by the operator's transpose."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, operator: Operator):  # type: ignore[override]
+        ctx.transpose = operator.transpose
+        return torch.from_numpy(operator @ h.detach().numpy())
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        return torch.from_numpy(np.asarray(ctx.transpose @ grad.contiguous().numpy())), None
+
+
 class Graph:
-    """The whole graph's GCN operator P = D~^-1/2 (A + I) D~^-1/2 and its pieces."""
+    """The whole graph's propagation of one backbone and its sampled form (eq. 4)."""
 
-    def __init__(self, adjacency: sp.csr_matrix):
-        self.n = adjacency.shape[0]
+    def __init__(self, adjacency: sp.csr_matrix, backbone: str):
+        self.n, self.backbone = adjacency.shape[0], backbone
         self.adjacency = adjacency.astype(np.float32).tocsr()
-        degree = np.asarray(self.adjacency.sum(axis=1)).ravel() + 1.0
-        self.inv_sqrt = (1.0 / np.sqrt(degree)).astype(np.float32)
-        self.self_weight = (1.0 / degree).astype(np.float32)
-        self.full = sp.csr_matrix(sp.diags(self.inv_sqrt) @ self.adjacency @
-                                  sp.diags(self.inv_sqrt) + sp.diags(self.self_weight),
-                                  dtype=np.float32)
+        degree = np.asarray(self.adjacency.sum(axis=1)).ravel()
+        if backbone == "gcn":  # D~^-1/2 A D~^-1/2 plus the self loops 1 / (d + 1)
+            self.row_scale = self.col_scale = (1.0 / np.sqrt(degree + 1.0)).astype(np.float32)
+            self.self_weight = (1.0 / (degree + 1.0)).astype(np.float32)
+        else:  # the neighbours' mean D^-1 A; no self term (SAGE's own row has its own weight)
+            self.row_scale = np.where(degree > 0, 1.0 / np.maximum(degree, 1.0), 0.0
+                                      ).astype(np.float32)
+            self.col_scale = np.ones(self.n, dtype=np.float32)
+            self.self_weight = np.zeros(self.n, dtype=np.float32)
+        self.full = self._operator(np.arange(self.n), 1.0)
 
-    def sampled(self, rows: np.ndarray, p: float) -> sp.csr_matrix:
-        """eq. 4's operator on the sample: neighbours scaled by 1/p, the self term not."""
+    def _operator(self, rows: np.ndarray, p: float) -> Operator:
         block = self.adjacency[rows][:, rows]
-        scale = self.inv_sqrt[rows]
-        return sp.csr_matrix(sp.diags(scale) @ block @ sp.diags(scale / p)
-                             + sp.diags(self.self_weight[rows]), dtype=np.float32)
+        matrix = sp.csr_matrix(sp.diags(self.row_scale[rows]) @ block
+                               @ sp.diags(self.col_scale[rows] / p)
+                               + sp.diags(self.self_weight[rows]), dtype=np.float32)
+        # GCN's operator is symmetric (a scalar 1/p keeps it so); the neighbours' mean is not
+        return Operator(matrix, matrix if self.backbone == "gcn" else matrix.T.tocsr())
+
+    def sampled(self, rows: np.ndarray, p: float) -> Operator:
+        """eq. 4's operator on the sample: neighbours scaled by 1/p, the self term not."""
+        return self._operator(rows, p)
+
+
+class Model(nn.Module):
+    """GCN or GraphSAGE-mean as mpifgl's layers: dropout -> each layer's pre-activation
+    propagate(z W^T) + b (+ z W_r^T for sage), ReLU between."""
+
+    def __init__(self, dims: list[int], dropout: float, backbone: str):
+        super().__init__()
+        self.lins = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+        self.roots = nn.ModuleList(nn.Linear(a, b, bias=False)
+                                   for a, b in zip(dims[:-1], dims[1:])) if backbone == "sage" \
+            else None
+        self.dropout = dropout
+
+    def own(self, layer: int, z: torch.Tensor) -> torch.Tensor | float:
+        """The node's own row's term, apart from the propagated sum (sage only)."""
+        return 0.0 if self.roots is None else z @ self.roots[layer].weight.T
+
+    def preactivations(self, x: torch.Tensor, operator: Operator) -> list[torch.Tensor]:
+        """Every layer's pre-activation under one operator (the whole graph's: full batch)."""
+        z, outputs = x, []
+        for layer, lin in enumerate(self.lins):
+            z = F.dropout(z, self.dropout, self.training)
+            h = Propagate.apply(z @ lin.weight.T, operator) + lin.bias + self.own(layer, z)
+            outputs.append(h)
+            z = F.relu(h)
+        return outputs
 
 
 def draw(n: int, s: int, rng: np.random.Generator) -> tuple[np.ndarray, float]:
@@ -109,26 +180,24 @@ def draw(n: int, s: int, rng: np.random.Generator) -> tuple[np.ndarray, float]:
 class Sampler:
     """One estimator's forward on a sample (pre-activations of every layer)."""
 
-    def __init__(self, name: str, graph: Graph, x: torch.Tensor, model: Net):
+    def __init__(self, name: str, graph: Graph, x: torch.Tensor, model: Model):
         self.name, self.graph, self.x, self.model = name, graph, x, model
-        self.px = torch.from_numpy(np.asarray(graph.full @ x.numpy())) if name in (
+        self.px = torch.from_numpy(graph.full @ x.numpy()) if name in (
             "exact-first", "history") else None
         self.history: list[torch.Tensor] = []  # Zbar^l, l = 1..L-1 [n, 128]
         self.p_history: list[torch.Tensor] = []  # P Zbar^l
 
     @torch.no_grad()
-    def refresh(self, model: Net | None = None) -> None:
+    def refresh(self, model: Model | None = None) -> None:
         """history: the full-graph activations of ``model`` (default: the current one)."""
         if self.name != "history":
             return
         model = model or self.model
         was_training = model.training
         model.eval()
-        z, self.history, self.p_history = self.x, [], []
-        for lin in model.lins[:-1]:
-            z = F.relu(Propagate.apply(z @ lin.weight.T, self.graph.full) + lin.bias)
-            self.history.append(z)
-            self.p_history.append(torch.from_numpy(np.asarray(self.graph.full @ z.numpy())))
+        self.history = [F.relu(h) for h in model.preactivations(self.x, self.graph.full)[:-1]]
+        self.p_history = [torch.from_numpy(self.graph.full @ z.numpy())
+                          for z in self.history]
         model.train(was_training)
 
     def forward(self, rows: np.ndarray, p: float) -> list[torch.Tensor]:
@@ -140,41 +209,41 @@ class Sampler:
         for layer, lin in enumerate(model.lins):
             if layer == 0 and self.px is not None:
                 h = F.dropout(self.px[index], dropout, model.training) @ lin.weight.T + lin.bias
-            elif self.name == "history":
-                o = F.dropout(z, dropout, model.training) @ lin.weight.T
-                stale = self.history[layer - 1][index] @ lin.weight.T
-                h = (Propagate.apply(o - stale, operator)
-                     + self.p_history[layer - 1][index] @ lin.weight.T + lin.bias)
+                if model.roots is not None:  # SAGE's own row: the input itself
+                    h = h + model.own(layer, F.dropout(z, dropout, model.training))
             else:
-                o = F.dropout(z, dropout, model.training) @ lin.weight.T
-                h = Propagate.apply(o, operator) + lin.bias
+                dropped = F.dropout(z, dropout, model.training)
+                if self.name == "history":
+                    stale = self.history[layer - 1][index] @ lin.weight.T
+                    h = (Propagate.apply(dropped @ lin.weight.T - stale, operator)
+                         + self.p_history[layer - 1][index] @ lin.weight.T + lin.bias)
+                else:
+                    h = Propagate.apply(dropped @ lin.weight.T, operator) + lin.bias
+                h = h + model.own(layer, dropped)
             outputs.append(h)
             z = F.relu(h)
         return outputs
 
 
-def full_preactivations(model: Net, graph: Graph, x: torch.Tensor) -> list[torch.Tensor]:
-    z, outputs = x, []
-    for index, lin in enumerate(model.lins):
-        h = Propagate.apply(z @ lin.weight.T, graph.full) + lin.bias
-        outputs.append(h)
-        z = F.relu(h)
-    return outputs
+def full_preactivations(model: Model, graph: Graph, x: torch.Tensor) -> list[torch.Tensor]:
+    return model.preactivations(x, graph.full)
 
 
 def sampled_loss(logits: torch.Tensor, y: torch.Tensor, train: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits[train], y[train], reduction="sum") / max(1, int(train.sum()))
 
 
-def gradient(model: Net, loss: torch.Tensor) -> torch.Tensor:
+def gradient(model: Model, loss: torch.Tensor) -> torch.Tensor:
     grads = torch.autograd.grad(loss, list(model.parameters()))
     return torch.cat([g.reshape(-1) for g in grads])
 
 
-def measure(args: ErrorArgs, graph: Graph, x, y, train_mask, model: Net, previous: Net) -> list:
+def measure(args: ErrorArgs, graph: Graph, x, y, train_mask, model: Model,
+            previous: Model) -> list:
     """Part 1: each estimator's error at the model's weights."""
     model.eval()
-    exact = full_preactivations(model, graph, x)
+    with torch.no_grad():
+        exact = full_preactivations(model, graph, x)
     exact_grad_cache = {}
     results = []
     for fraction in args.fractions:
@@ -183,7 +252,7 @@ def measure(args: ErrorArgs, graph: Graph, x, y, train_mask, model: Net, previou
             sampler = Sampler(name, graph, x, model)
             sampler.refresh(previous)  # the activations one epoch earlier: stale history
             errors = np.zeros((args.draws, len(model.lins)))
-            loss_gap, grad_errors, grads, exact_grads = [], [], [], []
+            loss_gap, grad_errors, grads, exact_grads, agree = [], [], [], [], []
             for d in range(args.draws):
                 rows, p = draw(graph.n, s, np.random.default_rng([args.seed, 2, d,
                                                                   round(fraction * 1e6)]))
@@ -191,7 +260,7 @@ def measure(args: ErrorArgs, graph: Graph, x, y, train_mask, model: Net, previou
                 outputs = sampler.forward(rows, p)
                 for layer, h in enumerate(outputs):
                     reference = exact[layer][index]
-                    errors[d, layer] = float(torch.linalg.norm(h - reference)
+                    errors[d, layer] = float(torch.linalg.norm(h.detach() - reference)
                                              / torch.linalg.norm(reference))
                 train = train_mask[index]
                 loss = sampled_loss(outputs[-1], y[index], train)
@@ -199,10 +268,12 @@ def measure(args: ErrorArgs, graph: Graph, x, y, train_mask, model: Net, previou
                 if key not in exact_grad_cache:
                     logits = full_preactivations(model, graph, x)[-1][index]
                     exact_loss = sampled_loss(logits, y[index], train)
-                    exact_grad_cache[key] = (float(exact_loss), gradient(model, exact_loss))
+                    exact_grad_cache[key] = (exact_loss.item(), gradient(model, exact_loss))
                 exact_value, exact_grad = exact_grad_cache[key]
+                agree.append(float((outputs[-1][train].argmax(1)
+                                    == exact[-1][index][train].argmax(1)).float().mean()))
                 g = gradient(model, loss)
-                loss_gap.append(float(loss) - exact_value)
+                loss_gap.append(loss.item() - exact_value)
                 grad_errors.append(float(torch.linalg.norm(g - exact_grad)
                                          / torch.linalg.norm(exact_grad)))
                 grads.append(g)
@@ -215,16 +286,18 @@ def measure(args: ErrorArgs, graph: Graph, x, y, train_mask, model: Net, previou
                       "layer_error": errors.mean(0).round(4).tolist(),
                       "loss_gap": float(np.mean(loss_gap)),
                       "loss_gap_std": float(np.std(loss_gap)),
-                      "grad_error": float(np.mean(grad_errors)), "grad_bias": bias}
+                      "grad_error": float(np.mean(grad_errors)), "grad_bias": bias,
+                      "agree": float(np.mean(agree))}
             results.append(result)
             print(f"  s/n {fraction:<5g} {name:12} layer error "
                   f"{' '.join(f'{e:.3f}' for e in result['layer_error'])}  loss - exact "
                   f"{result['loss_gap']:+.3f} (sd {result['loss_gap_std']:.3f})  grad error "
-                  f"{result['grad_error']:.3f} bias {bias:.3f}", flush=True)
+                  f"{result['grad_error']:.3f} bias {bias:.3f}  agree {result['agree']:.3f}",
+                  flush=True)
     return results
 
 
-def evaluate(model: Net, graph: Graph, x, y, masks) -> dict[str, float]:
+def evaluate(model: Model, graph: Graph, x, y, masks) -> dict[str, float]:
     model.eval()
     with torch.no_grad():
         predicted = full_preactivations(model, graph, x)[-1].argmax(1)
@@ -235,7 +308,7 @@ def evaluate(model: Net, graph: Graph, x, y, masks) -> dict[str, float]:
 def train(args: ErrorArgs, name: str, graph: Graph, x, y, masks, dims, fraction: float) -> dict:
     """Part 2: one estimator (or "full", full batch) trained from the same initial weights."""
     torch.manual_seed(args.seed)
-    model = Net(dims, 0.2, graph.full)
+    model = Model(dims, 0.2, args.backbone)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     s = max(1, round(fraction * graph.n))
     steps = 1 if name == "full" else max(1, math.ceil(graph.n / s - 1e-6))
@@ -250,7 +323,8 @@ def train(args: ErrorArgs, name: str, graph: Graph, x, y, masks, dims, fraction:
             model.train()
             optimizer.zero_grad()
             if sampler is None:
-                loss = sampled_loss(model(x), y, masks["train"])
+                loss = sampled_loss(model.preactivations(x, graph.full)[-1], y,
+                                    masks["train"])
             else:
                 rows, p = draw(graph.n, s, rng)
                 index = torch.from_numpy(rows)
@@ -278,29 +352,31 @@ def main() -> int:
     config = replace(spec.config(args.scale, args.seed), **parse_overrides(args.set))
     data = generate_synthetic(config, split_seed=args.seed)
     print(f"{args.proxy} x{args.scale:g}: {describe(data)}", flush=True)
-    graph = Graph(data.adjacency)
+    graph = Graph(data.adjacency, args.backbone)
     x, y = torch.from_numpy(data.x), torch.from_numpy(data.y)
     masks = {"train": torch.from_numpy(data.train_mask), "val": torch.from_numpy(data.val_mask),
              "test": torch.from_numpy(data.test_mask)}
     layers = args.layers or spec.layers
     dims = [data.num_features] + [128] * (layers - 1) + [data.num_classes]
     header = {"proxy": args.proxy, "scale": args.scale, "overrides": parse_overrides(args.set),
-              "layers": layers, "seed": args.seed}
+              "layers": layers, "seed": args.seed, "backbone": args.backbone}
     records = []
     if args.warmup_epochs > 0 and args.fractions:
         torch.manual_seed(args.seed)
-        model = Net(dims, 0.2, graph.full)
+        model = Model(dims, 0.2, args.backbone)
         optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-        previous = Net(dims, 0.2, graph.full)
+        previous = Model(dims, 0.2, args.backbone)
         for epoch in range(args.warmup_epochs):
             previous.load_state_dict(model.state_dict())
             model.train()
             optimizer.zero_grad()
-            sampled_loss(model(x), y, masks["train"]).backward()
+            logits = model.preactivations(x, graph.full)[-1]
+            sampled_loss(logits, y, masks["train"]).backward()
             optimizer.step()
         scores = evaluate(model, graph, x, y, masks)
-        print(f"part 1: a full-batch GCN of {layers} layers after {args.warmup_epochs} epochs "
-              f"(test {100 * scores['test']:.2f}); {args.draws} samples per row:", flush=True)
+        print(f"part 1: a full-batch {args.backbone.upper()} of {layers} layers after "
+              f"{args.warmup_epochs} epochs (test {100 * scores['test']:.2f}); {args.draws} "
+              f"samples per row:", flush=True)
         records += [{**header, "part": "error", **r}
                     for r in measure(args, graph, x, y, masks["train"], model, previous)]
     if args.train_epochs > 0:
