@@ -23,6 +23,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
@@ -62,18 +63,32 @@ def normalized_adjacency(adjacency: sp.csr_matrix) -> sp.csr_matrix:
     return sp.csr_matrix(sp.diags(scale) @ a @ sp.diags(scale), dtype=np.float32)
 
 
+class Operator(NamedTuple):
+    """A constant propagation matrix and its transpose (the backward's), both CSR: scipy's
+    product with a transposed CSR view (CSC) runs several times slower."""
+    matrix: sp.csr_matrix
+    transpose: sp.csr_matrix
+
+    @classmethod
+    def symmetric(cls, matrix: sp.csr_matrix) -> "Operator":
+        return cls(matrix, matrix)
+
+    def __matmul__(self, dense: np.ndarray) -> np.ndarray:
+        return np.asarray(self.matrix @ dense)
+
+
 class Propagate(torch.autograd.Function):
-    """P @ h for a constant symmetric scipy matrix P (scipy's kernel: faster than torch's sparse
-    product on CPU); the backward is P @ grad."""
+    """operator @ h for a constant operator (scipy's kernel: faster than torch's sparse product
+    on CPU); the backward multiplies by the operator's transpose."""
 
     @staticmethod
-    def forward(ctx, h: torch.Tensor, matrix: sp.csr_matrix):  # type: ignore[override]
-        ctx.matrix = matrix
-        return torch.from_numpy(np.asarray(matrix @ h.detach().numpy()))
+    def forward(ctx, h: torch.Tensor, operator: Operator):  # type: ignore[override]
+        ctx.transpose = operator.transpose
+        return torch.from_numpy(operator @ h.detach().numpy())
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        return torch.from_numpy(np.asarray(ctx.matrix @ grad.contiguous().numpy())), None
+        return torch.from_numpy(np.asarray(ctx.transpose @ grad.contiguous().numpy())), None
 
 
 class Net(nn.Module):
@@ -82,7 +97,8 @@ class Net(nn.Module):
     def __init__(self, dims: list[int], dropout: float, propagation: sp.csr_matrix | None):
         super().__init__()
         self.lins = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
-        self.dropout, self.propagation = dropout, propagation
+        self.dropout = dropout
+        self.propagation = None if propagation is None else Operator.symmetric(propagation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for index, lin in enumerate(self.lins):

@@ -51,7 +51,6 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
@@ -61,7 +60,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.calibrate_proxy import describe, parse_overrides  # noqa: E402
+from benchmarks.calibrate_proxy import (  # noqa: E402
+    Operator, Propagate, describe, parse_overrides)
 from data_prep.proxies import PROXIES, proxy  # noqa: E402
 from data_prep.synthetic import generate_synthetic  # noqa: E402
 from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option  # noqa: E402
@@ -91,29 +91,6 @@ class ErrorArgs:
     json_out: Path | None = option(None, "append the results here as JSON lines")
 
 
-class Operator(NamedTuple):
-    """A constant propagation matrix and its transpose (the backward's), both CSR: scipy's
-    product with a transposed CSR view (CSC) runs several times slower."""
-    matrix: sp.csr_matrix
-    transpose: sp.csr_matrix
-
-    def __matmul__(self, dense: np.ndarray) -> np.ndarray:
-        return np.asarray(self.matrix @ dense)
-
-
-class Propagate(torch.autograd.Function):
-    """operator @ h; the backward multiplies by the operator's transpose."""
-
-    @staticmethod
-    def forward(ctx, h: torch.Tensor, operator: Operator):  # type: ignore[override]
-        ctx.transpose = operator.transpose
-        return torch.from_numpy(operator @ h.detach().numpy())
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        return torch.from_numpy(np.asarray(ctx.transpose @ grad.contiguous().numpy())), None
-
-
 class Graph:
     """The whole graph's propagation of one backbone and its sampled form (eq. 4)."""
 
@@ -137,7 +114,8 @@ class Graph:
                                @ sp.diags(self.col_scale[rows] / p)
                                + sp.diags(self.self_weight[rows]), dtype=np.float32)
         # GCN's operator is symmetric (a scalar 1/p keeps it so); the neighbours' mean is not
-        return Operator(matrix, matrix if self.backbone == "gcn" else matrix.T.tocsr())
+        return Operator.symmetric(matrix) if self.backbone == "gcn" else \
+            Operator(matrix, matrix.T.tocsr())
 
     def sampled(self, rows: np.ndarray, p: float) -> Operator:
         """eq. 4's operator on the sample: neighbours scaled by 1/p, the self term not."""
