@@ -106,9 +106,11 @@ class Graph:
                                       ).astype(np.float32)
             self.col_scale = np.ones(self.n, dtype=np.float32)
             self.self_weight = np.zeros(self.n, dtype=np.float32)
-        self.full = self._operator(np.arange(self.n), 1.0)
+        self.full = self.sampled(np.arange(self.n), 1.0)
 
-    def _operator(self, rows: np.ndarray, p: float) -> Operator:
+    def sampled(self, rows: np.ndarray, p: float) -> Operator:
+        """eq. 4's operator on the sample: neighbours scaled by 1/p, the self term not (every
+        node at p = 1: the whole graph's)."""
         block = self.adjacency[rows][:, rows]
         matrix = sp.csr_matrix(sp.diags(self.row_scale[rows]) @ block
                                @ sp.diags(self.col_scale[rows] / p)
@@ -116,10 +118,6 @@ class Graph:
         # GCN's operator is symmetric (a scalar 1/p keeps it so); the neighbours' mean is not
         return Operator.symmetric(matrix) if self.backbone == "gcn" else \
             Operator(matrix, matrix.T.tocsr())
-
-    def sampled(self, rows: np.ndarray, p: float) -> Operator:
-        """eq. 4's operator on the sample: neighbours scaled by 1/p, the self term not."""
-        return self._operator(rows, p)
 
 
 class Model(nn.Module):
@@ -203,16 +201,12 @@ class Sampler:
         return outputs
 
 
-def full_preactivations(model: Model, graph: Graph, x: torch.Tensor) -> list[torch.Tensor]:
-    return model.preactivations(x, graph.full)
-
-
 def sampled_loss(logits: torch.Tensor, y: torch.Tensor, train: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits[train], y[train], reduction="sum") / max(1, int(train.sum()))
 
 
-def gradient(model: Model, loss: torch.Tensor) -> torch.Tensor:
-    grads = torch.autograd.grad(loss, list(model.parameters()))
+def gradient(model: Model, loss: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
+    grads = torch.autograd.grad(loss, list(model.parameters()), retain_graph=retain_graph)
     return torch.cat([g.reshape(-1) for g in grads])
 
 
@@ -220,8 +214,8 @@ def measure(args: ErrorArgs, graph: Graph, x, y, train_mask, model: Model,
             previous: Model) -> list:
     """Part 1: each estimator's error at the model's weights."""
     model.eval()
-    with torch.no_grad():
-        exact = full_preactivations(model, graph, x)
+    # one exact forward, its graph kept: every draw's exact loss is a slice of its logits
+    exact = model.preactivations(x, graph.full)
     exact_grad_cache = {}
     results = []
     for fraction in args.fractions:
@@ -237,19 +231,19 @@ def measure(args: ErrorArgs, graph: Graph, x, y, train_mask, model: Model,
                 index = torch.from_numpy(rows)
                 outputs = sampler.forward(rows, p)
                 for layer, h in enumerate(outputs):
-                    reference = exact[layer][index]
+                    reference = exact[layer][index].detach()
                     errors[d, layer] = float(torch.linalg.norm(h.detach() - reference)
                                              / torch.linalg.norm(reference))
                 train = train_mask[index]
                 loss = sampled_loss(outputs[-1], y[index], train)
                 key = (fraction, d)
                 if key not in exact_grad_cache:
-                    logits = full_preactivations(model, graph, x)[-1][index]
-                    exact_loss = sampled_loss(logits, y[index], train)
-                    exact_grad_cache[key] = (exact_loss.item(), gradient(model, exact_loss))
+                    exact_loss = sampled_loss(exact[-1][index], y[index], train)
+                    exact_grad_cache[key] = (exact_loss.item(),
+                                             gradient(model, exact_loss, retain_graph=True))
                 exact_value, exact_grad = exact_grad_cache[key]
                 agree.append(float((outputs[-1][train].argmax(1)
-                                    == exact[-1][index][train].argmax(1)).float().mean()))
+                                    == exact[-1].detach()[index][train].argmax(1)).float().mean()))
                 g = gradient(model, loss)
                 loss_gap.append(loss.item() - exact_value)
                 grad_errors.append(float(torch.linalg.norm(g - exact_grad)
@@ -278,7 +272,7 @@ def measure(args: ErrorArgs, graph: Graph, x, y, train_mask, model: Model,
 def evaluate(model: Model, graph: Graph, x, y, masks) -> dict[str, float]:
     model.eval()
     with torch.no_grad():
-        predicted = full_preactivations(model, graph, x)[-1].argmax(1)
+        predicted = model.preactivations(x, graph.full)[-1].argmax(1)
     model.train()
     return {s: float((predicted[m] == y[m]).float().mean()) for s, m in masks.items()}
 
