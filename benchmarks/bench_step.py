@@ -67,7 +67,8 @@ def main() -> int:
     classes = manifest.num_classes
     totals = sum(group_counts(node_groups(g.y, g.train_mask, classes), classes) for g in graphs)
     sizes = graphs[0].client_sizes
-    draws = client_sample_sizes(sizes, args.sample_size or default_sample_size(int(sizes.sum())))
+    total = args.sample_size or default_sample_size(int(sizes.sum()), "gcn")
+    draws = client_sample_sizes(sizes, total)
     samplers = [NodeSampler(make_distribution("label", node_groups(g.y, g.train_mask, classes),
                                               totals), int(draws[j]), np.random.default_rng(j))
                 for j, g in enumerate(graphs)]

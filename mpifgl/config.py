@@ -2,7 +2,8 @@
 
 Defaults are the paper's settings (appendix D: hidden 128, dropout 0.2, 2 layers, 200 epochs,
 Adam) and label-guided sampling of a quarter of the nodes (the paper's 5,000 of PubMed's 19,717);
-above 20,000 nodes one step of n draws per epoch, the first layer exact (mpifgl.sampling).
+above 20,000 nodes one step of n draws per epoch with the first layer exact, or with
+GraphSAGE layers the paper's fifth of the nodes per step (mpifgl.sampling).
 """
 from __future__ import annotations
 
@@ -59,10 +60,12 @@ class TrainConfig:
                                     "default of --algo centralized)", tuple(SAMPLINGS))
     sample_size: int = option(0, "draws s per step over all clients, split s_i = n_i s / n; "
                                  "0: by the graph's size, a quarter of the nodes rounded up (4 "
-                                 "steps make a pass, the paper's setting) up to 20,000 nodes, all "
-                                 "n in one step per epoch with --exact-first-layer above: there "
-                                 "it keeps centralized's accuracy where the paper's sample lost "
-                                 "it (docs/paper_scale.md)")
+                                 "steps make a pass, the paper's setting) up to 20,000 nodes; "
+                                 "above, all n in one step per epoch with --exact-first-layer "
+                                 "(gcn, 1gnn: it keeps centralized's accuracy where the "
+                                 "paper's sample lost it) or, with --backbone sage, the paper's "
+                                 "n/5 per step, 5 steps (3 points above full batch where the "
+                                 "one-step sample fell below it; docs/paper_scale.md)")
     no_normalize: bool = option(False, "drop the 1/p(u) normalisation (the ablation ours*)")
     subgraph_norm: bool = option(False, "normalise each step's sample as a graph of its own: "
                                         "degrees counted inside the sample, no 1/p(u), as "
@@ -77,8 +80,8 @@ class TrainConfig:
                                             "full-graph exchange of the input features) and the "
                                             "sample estimates the layers above; on large graphs "
                                             "the same accuracy at about 0.6x the bytes per "
-                                            "client. On with --sample-size 0 above 20,000 nodes. "
-                                            "See docs/paper_scale.md")
+                                            "client. On with --sample-size 0 above 20,000 nodes "
+                                            "(gcn, 1gnn). See docs/paper_scale.md")
     history_every: int = option(0, "R > 0: control variates from historical activations "
                                    "(VR-GCN, Chen et al. 2018) for the sampled layers: every R "
                                    "epochs one full-graph forward stores each hidden layer's "

@@ -222,7 +222,7 @@ def check_sample_size(config: TrainConfig, manifest) -> None:
     if config.sample_size > n:
         raise SetupError(f"--sample-size is {config.sample_size}, expected at most {n} (the "
                          f"nodes of the shards in {config.shards}), or 0 for the default by the "
-                         f"graph's size ({default_sample_size(n)})")
+                         f"graph's size ({default_sample_size(n, config.backbone)})")
 
 
 def check_same_shards(checkpoint: dict, manifest, config: TrainConfig) -> None:

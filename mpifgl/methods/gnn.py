@@ -26,7 +26,7 @@ from mpifgl.graph import build_operator
 from mpifgl.model import LayerOperator, flatten, gradients, make_features, select_rows, unflatten
 from mpifgl.operators import SparseFeatures
 from mpifgl.sampling import (NodeSample, NodeSampler, client_sample_sizes, default_sample_size,
-                             large_graph, make_distribution, steps_for_sample)
+                             make_distribution, one_step_exact_first, steps_for_sample)
 from mpifgl.trainer import RankSetup, on_host
 
 
@@ -52,11 +52,11 @@ class LabelGuidedSampler:
     def __init__(self, setup: RankSetup):
         config, graph = setup.config, setup.graph
         n = int(graph.client_sizes.sum())
-        self.total_draws = config.sample_size or default_sample_size(n)
-        # the large-graph default: one step of n draws with the first layer exact, which keeps
-        # that step's cost near four steps of n/4 (docs/paper_scale.md, section 5)
-        self.exact_first_layer = config.exact_first_layer or (config.sample_size == 0
-                                                              and large_graph(n))
+        self.total_draws = config.sample_size or default_sample_size(n, config.backbone)
+        # the large-graph default of GCN and 1-GNN: one step of n draws with the first layer
+        # exact, which keeps that step's cost near four steps of n/4 (docs/paper_scale.md, 5)
+        self.exact_first_layer = config.exact_first_layer or (
+            config.sample_size == 0 and one_step_exact_first(n, config.backbone))
         self.draws_per_client = client_sample_sizes(graph.client_sizes, self.total_draws)  # s_i
         self.node_sampler: NodeSampler | None = None
         if setup.comm.is_client:

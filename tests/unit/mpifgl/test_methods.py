@@ -43,11 +43,13 @@ def test_the_default_sample_is_a_quarter_up_to_20000_nodes_and_one_pass_in_one_s
         toy_shards, monkeypatch):
     """--sample-size 0: ceil(n/4) draws and 4 steps per epoch up to LARGE_GRAPH_NODES (the
     paper's small graphs keep their scores), n draws in one step per epoch with the first layer
-    exact above; an explicit --sample-size is kept, and the first layer sampled. The toy graph stands in for a large one with the bound lowered."""
+    exact above (GCN and 1-GNN layers); an explicit --sample-size is kept, and the first layer
+    sampled. The toy graph stands in for a large one with the bound lowered."""
     from mpifgl import sampling
-    assert sampling.default_sample_size(20_000) == 5_000
-    assert sampling.default_sample_size(20_001) == 20_001
-    assert sampling.default_sample_size(19_717) == 4_930  # PubMed: the paper's 5,000
+    assert sampling.default_sample_size(20_000, "gcn") == 5_000
+    assert sampling.default_sample_size(20_001, "gcn") == 20_001
+    assert sampling.default_sample_size(20_001, "1gnn") == 20_001
+    assert sampling.default_sample_size(19_717, "gcn") == 4_930  # PubMed: the paper's 5,000
     n, resolved = resolver(toy_shards(2), algo="centralized", sampling="label")
 
     monkeypatch.setattr(sampling, "LARGE_GRAPH_NODES", n - 1)
@@ -60,3 +62,24 @@ def test_the_default_sample_is_a_quarter_up_to_20000_nodes_and_one_pass_in_one_s
     assert (small.sample_size, small.steps_per_epoch, small.exact_first_layer) == \
         (-(-n // 4), 4, False)
 
+
+def test_the_default_sample_of_sage_layers_above_20000_nodes_is_the_papers_fifth(
+        toy_shards, monkeypatch):
+    """--backbone sage: n/4 up to LARGE_GRAPH_NODES as every layer; above, the paper's
+    fraction, ceil(n/5) draws in 5 steps with the first layer sampled (eq. 4 as the paper ran
+    it), unless --exact-first-layer is given."""
+    from mpifgl import sampling
+    assert sampling.default_sample_size(20_000, "sage") == 5_000
+    assert sampling.default_sample_size(61_226, "sage") == 12_246  # the popularity proxy x0.025
+    assert sampling.default_sample_size(2_449_029, "sage") == 489_806  # products (paper: 500,000)
+    n, resolved = resolver(toy_shards(2), algo="ours", backbone="sage")
+
+    monkeypatch.setattr(sampling, "LARGE_GRAPH_NODES", n - 1)
+    large = resolved()
+    assert (large.sample_size, large.steps_per_epoch, large.exact_first_layer) == \
+        (-(-n // 5), 5, False)
+    assert resolved(exact_first_layer=True).exact_first_layer
+    monkeypatch.setattr(sampling, "LARGE_GRAPH_NODES", n)
+    small = resolved()
+    assert (small.sample_size, small.steps_per_epoch, small.exact_first_layer) == \
+        (-(-n // 4), 4, False)
