@@ -91,8 +91,8 @@ class TrainConfig:
                                    "--exact-first-layer; 0: off. For a step that must hold a "
                                    "small sample (memory): at the paper's sample fraction R = 5 "
                                    "kept centralized's score at fewer bytes than eq. 4; the "
-                                   "large-graph default (one step of n draws) needs none. See "
-                                   "docs/paper_scale.md, section 6")
+                                   "large-graph default of gcn (one step of n draws) needs "
+                                   "none. See docs/paper_scale.md, section 6")
     exchange: str = option("compact", "how the server sums the cross-client terms: " + "; ".join(
         f"{e.name} = {e.summary}" for e in EXCHANGES.values()) + ". See docs/training.md",
                            tuple(EXCHANGES))
