@@ -92,24 +92,38 @@ class Propagate(torch.autograd.Function):
 
 
 class Net(nn.Module):
-    """An MLP (propagation None) or a GCN: dropout -> linear -> (propagate) -> bias, relu between."""
+    """An MLP (no operator), a GCN or GraphSAGE-mean as mpifgl's layers: dropout -> z W^T ->
+    (propagate) -> + b (+ z W_r^T for sage), ReLU between. ``propagation`` is the whole graph's
+    operator (the forward's); ``preactivations`` takes any other (a sample's)."""
 
-    def __init__(self, dims: list[int], dropout: float, propagation: sp.csr_matrix | None):
+    def __init__(self, dims: list[int], dropout: float, propagation: Operator | None,
+                 backbone: str = "gcn"):
         super().__init__()
         self.lins = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
-        self.dropout = dropout
-        self.propagation = None if propagation is None else Operator.symmetric(propagation)
+        self.roots = nn.ModuleList(nn.Linear(a, b, bias=False)
+                                   for a, b in zip(dims[:-1], dims[1:])) if backbone == "sage" \
+            else None
+        self.dropout, self.propagation = dropout, propagation
+
+    def own(self, layer: int, z: torch.Tensor) -> torch.Tensor | float:
+        """The node's own row's term, apart from the propagated sum (sage only)."""
+        return 0.0 if self.roots is None else z @ self.roots[layer].weight.T
+
+    def preactivations(self, x: torch.Tensor, operator: Operator | None) -> list[torch.Tensor]:
+        """Every layer's pre-activation under ``operator`` (None: an MLP)."""
+        z, outputs = x, []
+        for layer, lin in enumerate(self.lins):
+            z = F.dropout(z, self.dropout, self.training)
+            if operator is None:
+                h = lin(z)
+            else:
+                h = Propagate.apply(z @ lin.weight.T, operator) + lin.bias + self.own(layer, z)
+            outputs.append(h)
+            z = F.relu(h)
+        return outputs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for index, lin in enumerate(self.lins):
-            x = F.dropout(x, self.dropout, self.training)
-            if self.propagation is None:
-                x = lin(x)
-            else:
-                x = Propagate.apply(x @ lin.weight.T, self.propagation) + lin.bias
-            if index < len(self.lins) - 1:
-                x = F.relu(x)
-        return x
+        return self.preactivations(x, self.propagation)[-1]
 
 
 def train(model: Net, x: torch.Tensor, y: torch.Tensor, masks: dict[str, torch.Tensor],
@@ -175,7 +189,8 @@ def main() -> int:
         masks = {"train": torch.from_numpy(graph.train_mask),
                  "val": torch.from_numpy(graph.val_mask), "test": torch.from_numpy(graph.test_mask)}
         dims = [graph.num_features] + [128] * (layers - 1) + [graph.num_classes]
-        propagation = normalized_adjacency(graph.adjacency) if "gcn" in args.models else None
+        propagation = Operator.symmetric(normalized_adjacency(graph.adjacency)) \
+            if "gcn" in args.models else None
         for name in args.models:
             torch.manual_seed(seed)
             model = Net(dims, 0.2, propagation if name == "gcn" else None)

@@ -56,12 +56,11 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.calibrate_proxy import (  # noqa: E402
-    Operator, Propagate, describe, parse_overrides)
+    Net, Operator, Propagate, describe, parse_overrides)
 from data_prep.proxies import PROXIES, proxy  # noqa: E402
 from data_prep.synthetic import generate_synthetic  # noqa: E402
 from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option  # noqa: E402
@@ -120,33 +119,6 @@ class Graph:
             Operator(matrix, matrix.T.tocsr())
 
 
-class Model(nn.Module):
-    """GCN or GraphSAGE-mean as mpifgl's layers: dropout -> each layer's pre-activation
-    propagate(z W^T) + b (+ z W_r^T for sage), ReLU between."""
-
-    def __init__(self, dims: list[int], dropout: float, backbone: str):
-        super().__init__()
-        self.lins = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
-        self.roots = nn.ModuleList(nn.Linear(a, b, bias=False)
-                                   for a, b in zip(dims[:-1], dims[1:])) if backbone == "sage" \
-            else None
-        self.dropout = dropout
-
-    def own(self, layer: int, z: torch.Tensor) -> torch.Tensor | float:
-        """The node's own row's term, apart from the propagated sum (sage only)."""
-        return 0.0 if self.roots is None else z @ self.roots[layer].weight.T
-
-    def preactivations(self, x: torch.Tensor, operator: Operator) -> list[torch.Tensor]:
-        """Every layer's pre-activation under one operator (the whole graph's: full batch)."""
-        z, outputs = x, []
-        for layer, lin in enumerate(self.lins):
-            z = F.dropout(z, self.dropout, self.training)
-            h = Propagate.apply(z @ lin.weight.T, operator) + lin.bias + self.own(layer, z)
-            outputs.append(h)
-            z = F.relu(h)
-        return outputs
-
-
 def draw(n: int, s: int, rng: np.random.Generator) -> tuple[np.ndarray, float]:
     """s uniform draws with replacement: the distinct nodes and their inclusion probability."""
     rows = np.unique(rng.integers(0, n, s))
@@ -156,7 +128,7 @@ def draw(n: int, s: int, rng: np.random.Generator) -> tuple[np.ndarray, float]:
 class Sampler:
     """One estimator's forward on a sample (pre-activations of every layer)."""
 
-    def __init__(self, name: str, graph: Graph, x: torch.Tensor, model: Model):
+    def __init__(self, name: str, graph: Graph, x: torch.Tensor, model: Net):
         self.name, self.graph, self.x, self.model = name, graph, x, model
         self.px = torch.from_numpy(graph.full @ x.numpy()) if name in (
             "exact-first", "history") else None
@@ -164,7 +136,7 @@ class Sampler:
         self.p_history: list[torch.Tensor] = []  # P Zbar^l
 
     @torch.no_grad()
-    def refresh(self, model: Model | None = None) -> None:
+    def refresh(self, model: Net | None = None) -> None:
         """history: the full-graph activations of ``model`` (default: the current one)."""
         if self.name != "history":
             return
@@ -205,13 +177,13 @@ def sampled_loss(logits: torch.Tensor, y: torch.Tensor, train: torch.Tensor) -> 
     return F.cross_entropy(logits[train], y[train], reduction="sum") / max(1, int(train.sum()))
 
 
-def gradient(model: Model, loss: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
+def gradient(model: Net, loss: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
     grads = torch.autograd.grad(loss, list(model.parameters()), retain_graph=retain_graph)
     return torch.cat([g.reshape(-1) for g in grads])
 
 
-def measure(args: ErrorArgs, graph: Graph, x, y, train_mask, model: Model,
-            previous: Model) -> list:
+def measure(args: ErrorArgs, graph: Graph, x, y, train_mask, model: Net,
+            previous: Net) -> list:
     """Part 1: each estimator's error at the model's weights."""
     model.eval()
     # one exact forward, its graph kept: every draw's exact loss is a slice of its logits
@@ -269,10 +241,10 @@ def measure(args: ErrorArgs, graph: Graph, x, y, train_mask, model: Model,
     return results
 
 
-def evaluate(model: Model, graph: Graph, x, y, masks) -> dict[str, float]:
+def evaluate(model: Net, graph: Graph, x, y, masks) -> dict[str, float]:
     model.eval()
     with torch.no_grad():
-        predicted = model.preactivations(x, graph.full)[-1].argmax(1)
+        predicted = model(x).argmax(1)
     model.train()
     return {s: float((predicted[m] == y[m]).float().mean()) for s, m in masks.items()}
 
@@ -280,7 +252,7 @@ def evaluate(model: Model, graph: Graph, x, y, masks) -> dict[str, float]:
 def train(args: ErrorArgs, name: str, graph: Graph, x, y, masks, dims, fraction: float) -> dict:
     """Part 2: one estimator (or "full", full batch) trained from the same initial weights."""
     torch.manual_seed(args.seed)
-    model = Model(dims, 0.2, args.backbone)
+    model = Net(dims, 0.2, graph.full, args.backbone)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     s = max(1, round(fraction * graph.n))
     steps = 1 if name == "full" else max(1, math.ceil(graph.n / s - 1e-6))
@@ -295,8 +267,7 @@ def train(args: ErrorArgs, name: str, graph: Graph, x, y, masks, dims, fraction:
             model.train()
             optimizer.zero_grad()
             if sampler is None:
-                loss = sampled_loss(model.preactivations(x, graph.full)[-1], y,
-                                    masks["train"])
+                loss = sampled_loss(model(x), y, masks["train"])
             else:
                 rows, p = draw(graph.n, s, rng)
                 index = torch.from_numpy(rows)
@@ -335,15 +306,14 @@ def main() -> int:
     records = []
     if args.warmup_epochs > 0 and args.fractions:
         torch.manual_seed(args.seed)
-        model = Model(dims, 0.2, args.backbone)
+        model = Net(dims, 0.2, graph.full, args.backbone)
         optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-        previous = Model(dims, 0.2, args.backbone)
+        previous = Net(dims, 0.2, graph.full, args.backbone)
         for epoch in range(args.warmup_epochs):
             previous.load_state_dict(model.state_dict())
             model.train()
             optimizer.zero_grad()
-            logits = model.preactivations(x, graph.full)[-1]
-            sampled_loss(logits, y, masks["train"]).backward()
+            sampled_loss(model(x), y, masks["train"]).backward()
             optimizer.step()
         scores = evaluate(model, graph, x, y, masks)
         print(f"part 1: a full-batch {args.backbone.upper()} of {layers} layers after "

@@ -64,8 +64,8 @@ class TrainConfig:
                                  "above, all n in one step per epoch with --exact-first-layer "
                                  "(gcn, 1gnn: it keeps centralized's accuracy where the "
                                  "paper's sample lost it) or, with --backbone sage, the paper's "
-                                 "n/5 per step, 5 steps (3 points above full batch where the "
-                                 "one-step sample fell below it; docs/paper_scale.md)")
+                                 "n/5 per step, 5 steps (above full batch where the one-step "
+                                 "sample fell below it; docs/paper_scale.md)")
     no_normalize: bool = option(False, "drop the 1/p(u) normalisation (the ablation ours*)")
     subgraph_norm: bool = option(False, "normalise each step's sample as a graph of its own: "
                                         "degrees counted inside the sample, no 1/p(u), as "

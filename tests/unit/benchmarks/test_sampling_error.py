@@ -9,7 +9,7 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from benchmarks.sampling_error import Graph, Model, Operator, Propagate
+from benchmarks.sampling_error import Graph, Net, Operator, Propagate
 
 
 def random_graph(n: int = 30, edges: int = 80, seed: int = 0) -> sp.csr_matrix:
@@ -32,7 +32,7 @@ def test_first_layer_is_pyg_layer(backbone):
     adjacency = random_graph()
     graph = Graph(adjacency, backbone)
     torch.manual_seed(0)
-    model = Model([6, 5, 3], 0.0, backbone).eval()
+    model = Net([6, 5, 3], 0.0, graph.full, backbone).eval()
     x = torch.randn(adjacency.shape[0], 6)
     ours = model.preactivations(x, graph.full)[0]
     lin = model.lins[0]
