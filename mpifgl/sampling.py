@@ -78,8 +78,9 @@ def client_sample_sizes(client_sizes: list[int] | np.ndarray, total: int) -> np.
 LARGE_GRAPH_NODES = 20_000
 # Layers that keep the paper's sample fraction (eq. 4, n/5 per step) above LARGE_GRAPH_NODES:
 # with a node's own row weighted apart, that sample's noise lifts the model above full batch and
-# the one-step sample falls below it (docs/paper_scale.md, section 9). 1-GNN was not measured,
-# so it keeps the one-step rule.
+# the one-step sample falls below it (docs/paper_scale.md, section 9). 1-GNN, which weighs its
+# own row apart too but sums its neighbours unnormalised, keeps the one-step rule: there the
+# one-step sample tracks full batch and the paper's fraction does not (section 5).
 PAPER_FRACTION_BACKBONES = ("sage",)
 PAPER_FRACTION_STEPS = 5  # the paper's 500,000 of products' 2,449,029 nodes per step
 
