@@ -95,9 +95,8 @@ def default_sample_size(num_nodes: int, backbone: str) -> int:
     (one_step_exact_first) or ceil(n / 5) for PAPER_FRACTION_BACKBONES."""
     if num_nodes <= LARGE_GRAPH_NODES:
         return max(1, -(-num_nodes // 4))
-    if backbone in PAPER_FRACTION_BACKBONES:
-        return -(-num_nodes // PAPER_FRACTION_STEPS)
-    return num_nodes
+    return num_nodes if one_step_exact_first(num_nodes, backbone) else \
+        -(-num_nodes // PAPER_FRACTION_STEPS)
 
 
 def steps_for_sample(num_nodes: int, sample_size: int) -> int:
