@@ -222,8 +222,7 @@ def test_shards_a_killed_force_moved_aside_are_restored_by_the_next_run(tmp_path
 
 
 @pytest.mark.parametrize("umask,existing,expected", [
-    (0o022, None, 0o755), (0o002, None, 0o775), (0o077, None, 0o700), (0o077, 0o755, 0o755),
-    (0o022, 0o2770, 0o2770)])
+    (0o022, None, 0o755), (0o077, None, 0o700), (0o077, 0o755, 0o755), (0o022, 0o2770, 0o2770)])
 def test_a_shard_directory_follows_the_umask_and_force_keeps_its_mode(
         tmp_path, capsys, umask, existing, expected):
     out = tmp_path / "shards"
