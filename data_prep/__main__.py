@@ -112,7 +112,9 @@ def format_summary(result: PrepResult) -> str:
 
 def _prepare(argv: list[str]) -> int:
     parser = build_parser()
-    config = config_from_args(parser.parse_args(argv), explicit_dests(parser, argv))
+    explicit = explicit_dests(parser, argv)
+    config = config_from_args(parser.parse_args(argv), explicit)
+    config.partition.check_knobs_given(explicit)
     result = run_prep(config)
     if config.show_progress:
         print(format_summary(result))

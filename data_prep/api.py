@@ -16,7 +16,7 @@ from .config import DEFAULT_SPLIT, DEFAULT_SPLIT_BY, PartitionConfig, PrepConfig
 from .datasets import load_dataset
 from .partition import partition_nodes
 from .verify import verify_shard_dir
-from .writer import check_output_target, write_shard_directory
+from .writer import check_output_target, restore_interrupted_replacement, write_shard_directory
 
 
 @dataclass
@@ -64,6 +64,7 @@ def run_prep(config: PrepConfig) -> PrepResult:
     start = time.perf_counter()
     config.validate()
     out = Path(config.out)
+    restore_interrupted_replacement(out)  # never lost as litter (writer's docstring)
     check_output_target(out, config.force)  # before the (possibly long) load
     graph = load_dataset(config)
     check_finite_features(graph)

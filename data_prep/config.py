@@ -127,7 +127,11 @@ class PartitionConfig:
     skew_factor: float = option(10.0, "label-skew: weight of a favoured class relative to the "
                                       "others (the paper's 'ten times')")
 
-    def validate(self, num_clients: int) -> None:
+    def validate(self, num_clients: int, num_classes: int | None = None,
+                 dataset: str = "the dataset") -> None:
+        """ValueError naming the flag for a value that makes the partition meaningless: one
+        that turns label-skew into an iid split; ``num_classes`` where known (the catalog's,
+        then the loaded graph's: ``check_classes``)."""
         check_finite(self)
         if self.method not in PARTITION_METHODS:
             raise ValueError(f"unknown --partition {self.method!r}; choose one of "
@@ -135,8 +139,38 @@ class PartitionConfig:
         if self.method == "label-skew":
             if self.favoured_classes < 1:
                 raise ValueError(f"--favoured-classes must be >= 1, got {self.favoured_classes}")
-            if not self.skew_factor >= 1.0:
-                raise ValueError(f"--skew-factor must be >= 1, got {self.skew_factor}")
+            if not self.skew_factor > 1.0:
+                raise ValueError(f"--skew-factor must be > 1, got {self.skew_factor}: a favoured "
+                                 f"class of weight {self.skew_factor:g} is drawn no more often "
+                                 f"than the others (an iid split is --partition random)")
+            if num_classes is not None:
+                self.check_classes(num_classes, dataset)
+
+    def check_classes(self, num_classes: int, dataset: str) -> None:
+        """label-skew needs a class left unfavoured by every client: favouring them all draws
+        them all alike (an iid split)."""
+        if self.method == "label-skew" and self.favoured_classes >= num_classes:
+            expected = (f"in 1..{num_classes - 1}" if num_classes > 1
+                        else "a dataset of 2 classes or more")
+            raise ValueError(f"--favoured-classes must be {expected} for the {num_classes} "
+                             f"classes of {dataset}, got {self.favoured_classes}: a client that "
+                             f"favours every class draws them all alike, an iid split (that is "
+                             f"--partition random)")
+
+    def check_knobs_given(self, explicit: set[str]) -> None:
+        """ValueError for a flag given (``explicit``: the destinations) that only another
+        --partition reads: it would be ignored without a word."""
+        stray = {f"--{name.replace('_', '-')}": method for name, method in KNOB_METHOD.items()
+                 if name in explicit and method != self.method}
+        if stray:
+            readers = " / ".join(sorted(set(stray.values())))
+            raise ValueError(f"{', '.join(stray)} given with --partition {self.method}, which "
+                             f"does not read {'it' if len(stray) == 1 else 'them'} (--partition "
+                             f"{readers} does)")
+
+
+# which --partition reads each knob of PartitionConfig
+KNOB_METHOD = {"favoured_classes": "label-skew", "skew_factor": "label-skew"}
 
 
 def default_cache_dir() -> Path:
@@ -173,13 +207,14 @@ class PrepConfig:
             raise ValueError(f"--num-clients must be >= 1, got {self.num_clients}")
         if self.seed < 0:
             raise ValueError(f"--seed must be >= 0, got {self.seed}")
-        self.partition.validate(self.num_clients)
         name = normalise_dataset_name(self.dataset)
         if name == "synthetic":
             self.synthetic.validate()
-            known_nodes = self.synthetic.nodes
+            known_nodes, known_classes = self.synthetic.nodes, self.synthetic.classes
         else:
-            known_nodes = KNOWN_DATASETS[name].num_nodes
+            known_nodes, known_classes = (KNOWN_DATASETS[name].num_nodes,
+                                          KNOWN_DATASETS[name].num_classes)
+        self.partition.validate(self.num_clients, known_classes, name)
         if known_nodes is not None and self.num_clients > known_nodes:
             raise ValueError(f"--num-clients {self.num_clients} exceeds the {known_nodes} nodes "
                              f"of {name}: every client needs at least one node")

@@ -25,6 +25,7 @@ from .catalog import KNOWN_DATASETS, DatasetSpec, normalise_dataset_name
 from .config import PrepConfig, SyntheticConfig, default_cache_dir
 from .graph import GraphData, seed_stream, stratified_split, undirected_adjacency
 from .progress import stage
+from .raw_pickles import PLANETOID_OBJECTS, check_pickled_file
 
 STRATIFIED_RULE = "stratified-60/20/20"
 
@@ -116,6 +117,11 @@ def load_dataset(config: PrepConfig) -> GraphData:
             if spec.family == "ogb":  # without it OGB asks on stdin whether to re-download
                 rel = Path(spec.raw_files[-1])
                 shutil.copy2(data_root / rel, scratch_root / rel)
+            if spec.family == "planetoid":  # pickles: the loader would run what they name
+                for rel in spec.raw_files:
+                    if not rel.endswith(".test.index"):  # a text file
+                        check_pickled_file(scratch_root / rel, PLANETOID_OBJECTS,
+                                           data_root / rel)
             try:
                 with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
                     arrays = _run_loader(spec, scratch_root, name)

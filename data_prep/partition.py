@@ -142,6 +142,7 @@ def partition_nodes(graph: GraphData, num_clients: int, config: PartitionConfig,
         if config.method == "random":
             return Partition(random_partition(n, num_clients, rng), num_clients)
         if config.method == "label-skew":
+            config.check_classes(graph.num_classes, graph.name)  # the graph's own count
             assignment, favoured = label_skew_partition(
                 graph.y, num_clients, graph.num_classes, config.favoured_classes,
                 config.skew_factor, rng)

@@ -28,3 +28,8 @@ def stage(label: str, show: bool) -> Iterator[None]:
     with bar(label, 1, show, bar_format="{desc}: {percentage:.0f}% [{elapsed}]") as one:
         yield
         one.update(1)
+
+
+def warn(message: str) -> None:
+    """One line on stderr, also with --quiet: what a run did that the user must know of."""
+    print(f"{PREFIX}warning: {message}", file=sys.stderr, flush=True)

@@ -6,12 +6,16 @@ after the rename succeeded. Any failure (error, KeyboardInterrupt, full disk) re
 directory and leaves an existing target untouched; a full file system is reported for the file of
 the target that did not fit, with the bytes it needed and the bytes free once the partial output is
 gone. The temporary directories carry their owner (``.<name>.partial-<host>-<pid>-<random>``): those
-of a killed process (kill -9) are removed by the next run writing next to them."""
+of a killed process (kill -9) are removed by the next run writing next to them, except the previous
+shards a process killed between the two renames of ``force`` had moved aside (``.<name>.old-...``
+with no ``target``): the next run puts them back and says so. The directory gets the mode a plain
+``mkdir`` gives (0777 less the umask), or, replacing one, the mode of the one it replaces."""
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -21,19 +25,22 @@ import scipy.sparse as sp
 
 from fgl_common import shard_format
 from fgl_common.diskspace import DiskFullError, disk_full_error, write_bytes
-from fgl_common.ownership import owner_tag, remove_dead_owners
+from fgl_common.ownership import owner_is_dead, owner_tag, remove_dead_owners, tagged_owner
+from fgl_common.protected import SHARD_DIRECTORY, check_output_directory
 
 from .graph import GraphData
 from .partition import Partition
-from .progress import bar
+from .progress import bar, warn
 from .verify import verify_shard_dir
 
 MANIFEST_NAME = shard_format.MANIFEST_NAME
 
 
 def check_output_target(target: Path, force: bool) -> None:
-    """Fail early (before any loading) when the output cannot or must not be written."""
+    """Fail early (before any loading) when the output cannot or must not be written: it is
+    another program's directory or inside one (``fgl_common.protected``), or exists."""
     target = Path(target)
+    check_output_directory(target, "--out", SHARD_DIRECTORY)
     if target.exists() or target.is_symlink():
         if not target.is_dir():
             raise ValueError(f"output {target} exists and is not a directory")
@@ -146,11 +153,47 @@ def write_shards(graph: GraphData, partition: Partition, directory: Path,
     return manifest
 
 
+def restore_interrupted_replacement(target: Path) -> Path | None:
+    """Put back the shards a data_prep killed between the two renames of ``force`` moved aside:
+    no ``target``, and ``.<name>.old-<owner>`` of a dead owner next to it (the newest, where a
+    second kill left more; the others are named and kept). Returns what was restored."""
+    target = Path(target)
+    if target.exists() or target.is_symlink():
+        return None  # the rename into place happened: an .old- folder is the replaced copy
+    prefix = f".{target.name}.old-"
+    try:
+        entries = [p for p in target.parent.iterdir() if p.name.startswith(prefix)]
+    except OSError:
+        return None
+    dead = [p for p in entries if p.is_dir() and (owner := tagged_owner(p.name[len(prefix):]))
+            is not None and owner_is_dead(*owner)]
+    if not dead:
+        return None
+    dead.sort(key=lambda p: p.stat().st_mtime)
+    os.rename(dead[-1], target)
+    kept = (f"; older copies kept: {', '.join(str(p) for p in dead[:-1])}" if dead[:-1] else "")
+    warn(f"restored {target} from {dead[-1].name}: a data_prep killed while replacing it "
+         f"(--force) had moved the previous shards aside{kept}")
+    return target
+
+
+def installed_mode(target: Path) -> int:
+    """The mode of the shard directory: the one it replaces keeps its own (a group-shared 0755
+    or setgid directory stays so), a new one gets 0777 less the umask, as mkdir gives."""
+    try:
+        return stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o777 & ~umask
+
+
 def write_shard_directory(graph: GraphData, partition: Partition, target: Path, force: bool,
                           manifest_extra: dict[str, Any], seed: int,
                           show_progress: bool = False) -> dict[str, Any]:
     """Write, verify and install the shard directory ``target``; see the module docstring."""
     target = Path(target)
+    restore_interrupted_replacement(target)
     check_output_target(target, force)
     for kind in ("partial", "old"):  # left by a killed run
         remove_dead_owners(target.parent, f".{target.name}.{kind}-")
@@ -162,6 +205,7 @@ def write_shard_directory(graph: GraphData, partition: Partition, target: Path, 
         if not report.ok:
             raise RuntimeError("internal error: the shards just written fail verification:\n  "
                                + "\n  ".join(report.problems))
+        os.chmod(scratch, installed_mode(target))  # mkdtemp made it private while incomplete
         _install(scratch, target, force)
     except DiskFullError as exc:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -1,16 +1,22 @@
 """The one Open MPI launch environment: what every ``mpirun`` of this project runs with.
 
-Python callers take ``mpi_launch_env()``; shell callers (``scripts/setup.sh``, ``jobs/common.sh``)
-read the same data through
+Python callers take ``mpi_launch_env()``; shell callers read the same data through
 
-    python -m fgl_common.launch --shell       # prints `export NAME=VALUE ...` lines
+    python -m fgl_common.launch --shell       # `export NAME=VALUE ...`, values as set now
+    python -m fgl_common.launch --activate    # lines for the venv's activate script
 
-A value already in the environment wins everywhere, so a site can override any of them.
+A value already in the environment wins everywhere, so a site, a user or a launcher can override
+any of them: ``--shell`` (``jobs/common.sh``, just before ``mpirun``) prints the value the
+environment has when it runs; ``--activate`` (``scripts/setup.sh`` writes its lines into
+``.venv/bin/activate``) prints lines that set a variable only where the shell sourcing them has
+none (``: "${NAME=value}"``), so activating the venv never replaces a user's
+``PRTE_MCA_rmaps_default_mapping_policy`` (a multi-host mapping, say).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -74,20 +80,42 @@ def shell_exports(base: Mapping[str, str] = os.environ, as_root: bool | None = N
                                  for name, value in group.items()) for group in groups]
 
 
+# a value the activate lines can hold unquoted inside "${NAME=value}"
+PLAIN_VALUE = re.compile(r"[A-Za-z0-9_:.,/+-]+")
+
+
+def activate_lines(as_root: bool | None = None) -> list[str]:
+    """Lines for a venv's activate script: each launch variable (``ALWAYS``, plus ``ROOT_ONLY``
+    as root) set to its value only where the sourcing shell has none, then exported."""
+    as_root = running_as_root() if as_root is None else as_root
+    lines = ["# each only where it is not set yet: a value of the user or the launcher wins"]
+    for name, value in launch_variables(as_root).items():
+        if not PLAIN_VALUE.fullmatch(value):
+            raise ValueError(f"{name}={value!r}: a launch variable's value must be plain "
+                             f"(letters, digits and _:.,/+-) to go unquoted into activate")
+        lines.append(f': "${{{name}={value}}}"; export {name}')
+    return lines
+
+
 @dataclass(frozen=True)
 class LaunchArgs:
-    """The command line of ``python -m fgl_common.launch``: only the shell form exists."""
+    """The command line of ``python -m fgl_common.launch``: one of its two shell forms."""
 
-    shell: bool = option(False, "print the launch variables as `export NAME=VALUE ...` lines",
-                         required=True)
+    shell: bool = option(False, "print the launch variables as `export NAME=VALUE ...` lines, "
+                                "with the values the environment has now where it sets them")
+    activate: bool = option(False, "print the lines scripts/setup.sh writes into the venv's "
+                                   "activate script: each variable set only where the shell "
+                                   "sourcing it has none")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fgl_common.launch",
                                      description=__doc__.split("\n\n")[0])
     add_dataclass_arguments(parser, LaunchArgs)
-    parser.parse_args(argv)  # --shell is required: nothing else to read
-    print("\n".join(shell_exports()))
+    args = parser.parse_args(argv)
+    if args.shell == args.activate:
+        parser.error("expected exactly one of --shell and --activate")
+    print("\n".join(shell_exports() if args.shell else activate_lines()))
     return 0
 
 

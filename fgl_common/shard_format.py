@@ -162,6 +162,18 @@ def read_manifest(shard_dir: str | os.PathLike) -> Manifest:
     if total != raw["num_nodes"]:
         raise ShardError(f"{path}: clients' num_nodes add up to {total}, manifest num_nodes "
                          f"is {raw['num_nodes']}")
+    for i, client in enumerate(clients):  # the histogram data_prep wrote has one bin per class
+        counts = client.get("class_counts")
+        if isinstance(counts, list) and len(counts) != raw["num_classes"]:
+            raise ShardError(f"{path}: num_classes is {raw['num_classes']!r} but clients[{i}]"
+                             f".class_counts lists {len(counts)} classes; the manifest was "
+                             f"edited or is damaged: re-make the shards with data_prep")
+    for split in ("num_train", "num_val", "num_test"):
+        if split in raw and all(split in c for c in clients):
+            total = sum(int(c[split]) for c in clients)
+            if total != raw[split]:
+                raise ShardError(f"{path}: clients' {split} add up to {total}, manifest "
+                                 f"{split} is {raw[split]}")
     return Manifest(raw)
 
 
@@ -304,14 +316,23 @@ def load_client_shard(path: str | os.PathLike, load_features: bool = True) -> Cl
                        **{k: arrays[k] for k in NODE_FIELDS})
 
 
-def check_shard_against_manifest(shard: ClientShard, manifest: Manifest, client_id: int,
-                                 path: str | os.PathLike) -> None:
-    """Check that a loaded shard agrees with its manifest entry; raise ShardError naming the
-    field, the value found and the value expected."""
+# counts a manifest entry records of its shard (data_prep writes them; others may lack some)
+ENTRY_COUNTS = ("num_inner_edges", "num_cross_edges", "class_counts", "num_train", "num_val",
+                "num_test")
+
+
+def shard_problems(shard: ClientShard, manifest: Manifest, client_id: int) -> list[str]:
+    """Everything a loaded shard contradicts its manifest in (empty: nothing), as messages
+    naming the field, the value found and the value expected: its attributes, sizes, label
+    range, blocks, the counts its manifest entry records (``ENTRY_COUNTS``), its degrees
+    against its blocks and its ascending global ids. One pass over the shard's arrays, no
+    more: training checks every shard with it at set-up, ``data_prep verify`` too."""
     sizes = manifest.client_sizes()
     problems = []
     for key, expected in (("client_id", client_id), ("num_clients", manifest.num_clients),
-                          ("format_version", FORMAT_VERSION), ("dataset", manifest.dataset)):
+                          ("format_version", FORMAT_VERSION), ("dataset", manifest.dataset),
+                          ("partition", manifest.raw.get("partition")),
+                          ("seed", manifest.raw.get("seed"))):
         if shard.attrs.get(key) != expected:
             problems.append(f"attribute {key} = {shard.attrs.get(key)!r}, expected {expected!r}")
     if shard.num_nodes != sizes[client_id]:
@@ -331,6 +352,35 @@ def check_shard_against_manifest(shard: ClientShard, manifest: Manifest, client_
     nnz = sum(b.nnz for b in shard.blocks.values())
     if nnz != int(shard.degree.sum()):
         problems.append(f"adjacency holds {nnz} entries but degrees sum to {int(shard.degree.sum())}")
+    entry = manifest.clients[client_id]
+    inner = shard.blocks.get(client_id)
+    labels = shard.y[shard.y >= 0]
+    found = {"num_inner_edges": int(inner.nnz // 2) if inner is not None else 0,
+             "num_cross_edges": int(sum(b.nnz for j, b in shard.blocks.items() if j != client_id)),
+             "class_counts": np.bincount(labels, minlength=max(manifest.num_classes, 0)).tolist(),
+             "num_train": int(shard.train_mask.sum()), "num_val": int(shard.val_mask.sum()),
+             "num_test": int(shard.test_mask.sum())}
+    for key in ENTRY_COUNTS:
+        if key in entry and entry[key] != found[key]:
+            problems.append(f"{key} is {found[key]} in the shard, manifest says {entry[key]}")
+    if shard.num_nodes > 1 and np.any(np.diff(shard.global_id) <= 0):
+        problems.append("/nodes/global_id is not strictly ascending")
+    row_sums = np.zeros(shard.num_nodes, dtype=np.int64)
+    for block in shard.blocks.values():
+        if block.shape[0] == shard.num_nodes:
+            row_sums += np.diff(block.indptr)
+    if shard.degree.shape == row_sums.shape and np.any(row_sums != shard.degree):
+        bad = np.flatnonzero(row_sums != shard.degree)
+        shown = ", ".join(str(int(i)) for i in bad[:5]) + (", ..." if bad.shape[0] > 5 else "")
+        problems.append(f"/nodes/degree differs from the row sums of the blocks at "
+                        f"{bad.shape[0]} nodes (local rows {shown})")
+    return problems
+
+
+def check_shard_against_manifest(shard: ClientShard, manifest: Manifest, client_id: int,
+                                 path: str | os.PathLike) -> None:
+    """Raise ShardError naming the file and every problem ``shard_problems`` finds."""
+    problems = shard_problems(shard, manifest, client_id)
     if problems:
         raise ShardError(f"{path}: " + "; ".join(problems))
 

@@ -3,6 +3,9 @@
 * ``fingerprint``: one short hash of a shard directory's manifest, which lists every shard
   file's sha256, with the partition's identity (dataset, method, seed, sizes). Training records
   it in config.json, final.json and every checkpoint, and ``--resume`` refuses other shards.
+* ``graph_fingerprint``: the graph a partition was made of (dataset, sizes, split; a synthetic
+  graph's generator parameters), whatever the partition: the logits of two runs on any
+  partitions of one graph are comparable node for node (global node order is the graph's).
 * ``partition_evidence`` / ``partition_problems``: whether the clients' shards form ONE
   partition of ONE graph: the global node ids of all clients are disjoint and cover 0..n-1, and
   every cross block agrees with its partner (A_ij = A_ji^T; A_ii symmetric). Each rank adds up
@@ -27,6 +30,9 @@ import scipy.sparse as sp
 FINGERPRINT_CHARS = 16  # hex digits shown and stored: 64 bits
 IDENTITY_KEYS = ("format_version", "dataset", "partition", "partition_params", "seed",
                  "num_clients", "num_nodes", "num_features", "num_classes")
+# what the graph is, apart from its partition: the split rule names its seed where the split is
+# drawn (an official split has none), a synthetic graph's parameters are in the request
+GRAPH_KEYS = ("dataset", "num_nodes", "num_edges", "num_features", "num_classes", "split_rule")
 ID_SALT = np.uint64(0x6A09E667F3BCC908)  # keeps node-id hashes apart from edge hashes
 ID_WORDS = 4  # count, outside 0..n-1, two hash sums
 PART_BITS = 20  # each hash sum adds 20-bit parts: exact in a float64 bincount
@@ -48,6 +54,21 @@ def describe(manifest: dict[str, Any]) -> str:
     return (f"{manifest.get('dataset')}, {manifest.get('partition')} partition seed "
             f"{manifest.get('seed')}, {manifest.get('num_clients')} clients, "
             f"{manifest.get('num_nodes')} nodes")
+
+
+def graph_fingerprint(manifest: dict[str, Any]) -> str:
+    """The identity of the graph a shard directory partitions (``GRAPH_KEYS``, and a synthetic
+    graph's generator parameters), the same for every partition of it."""
+    record = {key: manifest.get(key) for key in GRAPH_KEYS}
+    record["synthetic"] = (manifest.get("request") or {}).get("synthetic")
+    text = json.dumps(record, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:FINGERPRINT_CHARS]
+
+
+def describe_graph(manifest: dict[str, Any]) -> str:
+    """``cora, 2708 nodes, 7 classes, split planetoid-full``."""
+    return (f"{manifest.get('dataset')}, {manifest.get('num_nodes')} nodes, "
+            f"{manifest.get('num_classes')} classes, split {manifest.get('split_rule')}")
 
 
 # -- one partition of one graph -----------------------------------------------------------------

@@ -291,6 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
 RESUME_OVERRIDABLE = ("epochs", "eval_every", "log_every", "checkpoint_every", "save_logits",
                       "resume", "out", "force", "verbose", "exchange_buffer_mb", "device",
                       "threads")
+# Flags a resumed run may change only to a value proven the same: shards moved elsewhere
+# (--shards NEW), whose fingerprint must equal the checkpoint's (mpifgl.train checks it).
+RESUME_PROVEN = ("shards",)
 # Flags naming files: saved resolved (absolute), compared resolved, so a resume works from any
 # working directory and accepts the same directory spelled differently.
 PATH_FLAGS = ("shards", "data_root")
@@ -307,19 +310,29 @@ def resumes_in_place(config: TrainConfig) -> bool:
                                     os.path.abspath(config.out) == os.path.abspath(config.resume))
 
 
-def resumed_config(saved: dict[str, Any], given: TrainConfig, explicit: set[str]) -> TrainConfig:
+def resumed_config(saved: dict[str, Any], given: TrainConfig, explicit: set[str],
+                   checkpoint_epoch: int = 0) -> TrainConfig:
     """The saved config of the run being resumed, with the few flags a resume may change.
-    ``--out Y`` continues into Y (X is only read); without it the run continues in X."""
+    ``--out Y`` continues into Y (X is only read); without it the run continues in X. A resume
+    never ends before its checkpoint's epoch: ``--epochs`` below it is refused."""
     config = TrainConfig.from_dict(saved)
     given = given.replace(**{name: resolved_path(getattr(given, name)) for name in PATH_FLAGS})
-    changed = sorted(name for name in explicit - set(RESUME_OVERRIDABLE)
+    may_change = set(RESUME_OVERRIDABLE) | set(RESUME_PROVEN)
+    changed = sorted(name for name in explicit - may_change
                      if getattr(given, name) != getattr(config, name))
     if changed:
         flags = ", ".join(f"--{n.replace('_', '-')} {getattr(given, n)!r} (run has "
                           f"{getattr(config, n)!r})" for n in changed)
         raise ValueError(f"--resume continues a run with its own settings; these flags differ: "
-                         f"{flags}. Only {', '.join('--' + n.replace('_', '-') for n in RESUME_OVERRIDABLE)} may change")
-    overrides = {name: getattr(given, name) for name in explicit & set(RESUME_OVERRIDABLE)}
+                         f"{flags}. Only {', '.join('--' + n.replace('_', '-') for n in RESUME_OVERRIDABLE)} may change "
+                         f"(and --shards, to the same shards moved elsewhere)")
+    overrides = {name: getattr(given, name) for name in explicit & may_change}
+    epochs = overrides.get("epochs", config.epochs)
+    if epochs < checkpoint_epoch:
+        raise ValueError(f"--epochs is {epochs}, expected at least {checkpoint_epoch}: the "
+                         f"checkpoint in {given.resume} is of epoch {checkpoint_epoch} and a "
+                         f"resume trains on from there (--epochs {checkpoint_epoch} writes the "
+                         f"final files of that model without training further)")
     into = given.out if "out" in explicit and given.out else given.resume
     overrides.update(resume=given.resume, out=into,
                      force=given.force and not resumes_in_place(given.replace(out=into)))

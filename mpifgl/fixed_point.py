@@ -197,14 +197,15 @@ class LaggedRange:
 
     def state(self) -> dict:
         """What a checkpoint keeps, so that a resumed run uses the ranges, hence rounds, as the
-        uninterrupted run would (the keys may change; the sums they mask do not)."""
+        uninterrupted run would (the keys may change; the sums they mask do not). Plain lists
+        of ints: a checkpoint loads with torch.load(weights_only=True)."""
         return {"agreed": dict(self.agreed),
-                "growths": {slot: g.copy() for slot, g in self._growths.items()},
+                "growths": {slot: g.tolist() for slot, g in self._growths.items()},
                 "redos": self.redos}
 
     def restore(self, state: dict) -> None:
         self.agreed = dict(state["agreed"])
-        self._growths = {slot: np.array(g) for slot, g in state["growths"].items()}
+        self._growths = {slot: np.array(g, dtype=np.int64) for slot, g in state["growths"].items()}
         self.redos = state["redos"]
 
     def lagged(self, slot: Hashable) -> np.ndarray | None:

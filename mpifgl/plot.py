@@ -20,10 +20,12 @@ from typing import Any
 
 from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option
 from fgl_common.diskspace import write_bytes
+from fgl_common.protected import ProtectedPathError, check_output_file
 
 PROG = "mpifgl.plot"
 SPLIT_STYLES = {"train": "--", "val": ":", "test": "-"}
 MIB = 2 ** 20
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 class PlotError(ValueError):
@@ -101,13 +103,25 @@ def labels_for(run_dirs: list[Path]) -> list[str]:
     return [str(p) if names.count(n) > 1 else n for p, n in zip(run_dirs, names)]
 
 
+def is_png(path: Path) -> bool:
+    """Whether ``path`` holds a PNG (a plot this program drew before may be drawn again)."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(PNG_SIGNATURE)) == PNG_SIGNATURE
+    except OSError:
+        return False
+
+
 def plot_runs(run_dirs: list[Path], out: Path | None = None, from_epoch: int = 1) -> Path:
     """Draw ``run_dirs`` from epoch ``from_epoch`` on into ``out`` (default: RUN_DIR/metrics.png
-    for one run, metrics.png in the working directory for several); returns the path written."""
-    runs = {label: [r for r in read_metrics(path) if r["epoch"] >= from_epoch]
-            for label, path in zip(labels_for(run_dirs), run_dirs)}
+    for one run, metrics.png in the working directory for several); returns the path written.
+    ProtectedPathError when ``out`` would replace a file of a run or enter a shard directory
+    (``fgl_common.protected``)."""
     if out is None:
         out = run_dirs[0] / "metrics.png" if len(run_dirs) == 1 else Path("metrics.png")
+    check_output_file(out, "--out", is_own=is_png)
+    runs = {label: [r for r in read_metrics(path) if r["epoch"] >= from_epoch]
+            for label, path in zip(labels_for(run_dirs), run_dirs)}
     write_bytes(out, draw(runs))
     return out
 
@@ -137,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--from-epoch {args.from_epoch}: expected an epoch >= 1")
     try:
         out = plot_runs(run_dirs, Path(args.out) if args.out else None, args.from_epoch)
-    except (PlotError, OSError) as exc:
+    except (PlotError, ProtectedPathError, OSError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
     print(f"{PROG}: wrote {out} ({len(run_dirs)} run{'s' if len(run_dirs) > 1 else ''})")

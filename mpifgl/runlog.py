@@ -22,6 +22,9 @@ import fcntl
 import io
 import json
 import os
+import pickle
+import re
+import secrets
 import tempfile
 import time
 from pathlib import Path
@@ -32,14 +35,19 @@ import torch
 
 from fgl_common.diskspace import explain_disk_full
 from fgl_common.ownership import owner_is_dead, owner_tag, tagged_owner, this_owner
+from fgl_common.protected import (RUN_DIRECTORY, RUN_OUTPUT_NAMES, ProtectedPathError,
+                                  check_output_directory)
 
 CHECKPOINT_NAME = "checkpoint.pt"
 LOCK_NAME = ".lock"
 # the owner record a run links to LOCK_NAME: ``.lock.<host>-<pid>-<random>.tmp``; it exists
 # before the lock is taken, so only a record of a dead process is a leftover
 LOCK_RECORD_PREFIX = LOCK_NAME + "."
-OUTPUT_NAMES = ("config.json", "metrics.jsonl", "final.json", "model.pt", "logits.npy",
-                CHECKPOINT_NAME)
+OUTPUT_NAMES = RUN_OUTPUT_NAMES  # one list, shared with the tools that must not replace them
+assert CHECKPOINT_NAME in OUTPUT_NAMES
+# What a checkpoint or model.pt may hold: what torch.load(weights_only=True) reads back, so that
+# loading one never runs code (docs/reliability.md)
+PLAIN_TYPES = (str, int, float, bool, type(None))
 
 
 class RunDirError(ValueError):
@@ -232,6 +240,10 @@ def claim_run_dir(run_dir: str | os.PathLike, force: bool, resume: bool,
     yet (default run directory names)."""
     path = Path(os.path.abspath(run_dir))
     flag = "--resume" if resume else "--out"
+    try:  # never into a shard directory, nor inside another program's directory
+        check_output_directory(path, flag, RUN_DIRECTORY)
+    except ProtectedPathError as exc:
+        raise RunDirError(str(exc)) from None
     created = False
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -343,6 +355,7 @@ class RunDirectory:
     def save_torch(self, name: str, payload: Any) -> None:
         """torch.save, serialised in memory first: the write then knows its size, and a full
         disk is an OSError naming the file (torch's own writer reports only a position)."""
+        check_loadable(payload, name)
         buffer = io.BytesIO()
         torch.save(payload, buffer)
         data = buffer.getbuffer()
@@ -377,9 +390,48 @@ def npy_bytes(array: np.ndarray) -> int:
     return header.tell() + array.nbytes
 
 
+def new_run_id() -> str:
+    """The identity of a run, made when its directory is started (config.json, final.json and
+    every checkpoint carry it): a checkpoint of another run is told apart."""
+    return secrets.token_hex(8)
+
+
+def check_loadable(value: Any, where: str) -> None:
+    """TypeError naming the entry when ``value`` holds anything but tensors, plain numbers,
+    strings, None, and lists, tuples and dicts of them: what ``torch.load(weights_only=True)``
+    reads back (a numpy array or a Python object would need code run to rebuild it)."""
+    if type(value) in PLAIN_TYPES or isinstance(value, torch.Tensor):
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            check_loadable(key, f"{where}: a key")
+            check_loadable(item, f"{where}[{key!r}]")
+        return
+    if type(value) in (list, tuple):
+        for k, item in enumerate(value):
+            check_loadable(item, f"{where}[{k}]")
+        return
+    raise TypeError(f"{where} is a {type(value).__module__}.{type(value).__qualname__}: a "
+                    f"checkpoint holds only tensors, numbers, strings, None, lists, tuples and "
+                    f"dicts (what torch.load(weights_only=True) reads back)")
+
+
 def load_checkpoint(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """The checkpoint of ``run_dir``, read with ``weights_only=True``: a file holding anything
+    else than what mpifgl.train writes (``check_loadable``) is refused, never unpickled."""
     path = Path(run_dir) / CHECKPOINT_NAME
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:  # weights_only refused an object (never built)
+        found = sorted(set(re.findall(r"GLOBAL ([\w.]+)", str(exc))))
+        what = f"the Python object {', '.join(found)}" if found else "an object"
+        raise ValueError(f"{path}: refused: it holds {what}, which only running code could "
+                         f"rebuild; a checkpoint of mpifgl.train holds tensors, numbers, "
+                         f"strings, lists and dicts only, so this file was not written by it "
+                         f"(or was altered)") from None
     except Exception as exc:  # a damaged file must name itself, not show torch's internals
         raise ValueError(f"{path}: checkpoint unreadable ({exc})") from None
+    if not isinstance(payload, dict) or "epoch" not in payload:
+        raise ValueError(f"{path}: not a checkpoint of mpifgl.train (expected a dict with its "
+                         f"epoch, found {type(payload).__name__})")
+    return payload

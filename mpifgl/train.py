@@ -32,7 +32,7 @@ from fgl_common.shard_format import (MANIFEST_NAME, ShardError, check_shard_agai
                                      load_client_shard, non_finite_rows, read_manifest,
                                      shard_filename)
 from fgl_common.shard_identity import describe as describe_shards
-from fgl_common.shard_identity import fingerprint
+from fgl_common.shard_identity import describe_graph, fingerprint, graph_fingerprint
 from mpifgl.communicator import Communicator, LocalComm
 from mpifgl.config import (TrainConfig, build_parser, resolved_path, restart_command,
                            resumed_config, resumes_in_place)
@@ -43,7 +43,7 @@ from mpifgl.graph import ClientGraph
 from mpifgl import hardware
 from mpifgl.methods import build_trainer, get_method
 from mpifgl.runlog import (CHECKPOINT_NAME, RunDirectory, claim_run_dir, default_run_dir,
-                           load_checkpoint)
+                           load_checkpoint, new_run_id)
 from mpifgl.sampling import default_sample_size
 from mpifgl.trainer import Trainer
 
@@ -226,9 +226,16 @@ def check_sample_size(config: TrainConfig, manifest) -> None:
 
 
 def check_same_shards(checkpoint: dict, manifest, config: TrainConfig) -> None:
-    """--resume continues on the shards its checkpoint was trained on, never on others."""
+    """--resume continues on the shards its checkpoint was trained on, never on others: at the
+    path it recorded, or moved to another (``--resume X --shards NEW``)."""
     saved = checkpoint.get("shards_fingerprint")
+    recorded = checkpoint["config"].get("shards")
     if saved is None:  # written before checkpoints named their shards
+        if recorded and resolved_path(recorded) != config.shards:
+            raise SetupError(f"--resume {config.resume} --shards {config.shards}: the "
+                             f"checkpoint does not record its shards' fingerprint (an older "
+                             f"mpifgl.train), so other shards than its own {recorded} cannot "
+                             f"be proven the same; put them back at {recorded}")
         log.warning("--resume %s: the checkpoint does not name its shards; not checked",
                     config.resume)
         return
@@ -266,7 +273,35 @@ def open_resumed_run(config: TrainConfig, progress: RankProgress) -> dict:
         raise SetupError(f"{flag}: the run there is finished (final.json); a resume never "
                          f"rewrites a finished run: to train it further, continue it into a new "
                          f"directory with {flag} --out NEW_DIR --epochs N")
-    return load_checkpoint(source)
+    checkpoint = load_checkpoint(source)
+    check_checkpoint_is_the_runs(checkpoint, source, flag)
+    return checkpoint
+
+
+def check_checkpoint_is_the_runs(checkpoint: dict, source: Path, flag: str) -> None:
+    """The checkpoint of X belongs to the run of X (the run id its config.json records): one
+    copied from another run directory would continue another run under this one's name."""
+    own = _saved_run_id(source)
+    found = checkpoint.get("run_id")
+    if own is None or found is None:  # written before runs had an id
+        if found is None:
+            log.warning("%s: the checkpoint records no run id (an older mpifgl.train); its run "
+                        "is not checked", flag)
+        return
+    if found != own:
+        where = checkpoint.get("run_dir")
+        raise SetupError(f"{flag}: {source / CHECKPOINT_NAME} belongs to another run (run id "
+                         f"{found}, written in {where or 'an unrecorded directory'}) than the run "
+                         f"of {source} (run id {own}, its config.json); a checkpoint copied "
+                         f"from another run is not resumed: resume that run"
+                         + (f" (--resume {shlex.quote(where)})" if where else ""))
+
+
+def _saved_run_id(run_dir: Path) -> str | None:
+    try:
+        return json.loads((run_dir / "config.json").read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _saved_config(run_dir: Path) -> tuple[TrainConfig, int] | None:
@@ -287,14 +322,22 @@ def set_up(config: TrainConfig, comm: Communicator, progress: RankProgress,
         given = config
         checkpoint = agree(comm, lambda: open_resumed_run(given, progress) if comm.is_server
                            else None, server_only=True)
-        saved = comm.broadcast_object(checkpoint["config"] if checkpoint else None)
-        config = agree(comm, lambda: resumed_config(saved, given, explicit))
+        saved, saved_epoch = comm.broadcast_object(
+            (checkpoint["config"], checkpoint["epoch"]) if checkpoint else None)
+        config = agree(comm, lambda: resumed_config(saved, given, explicit, saved_epoch))
     # one process prepares the default shards with the paper's 8 clients
     config = resolve_shards(config, comm,
                             8 if comm.is_single_process else max(1, comm.num_clients))
 
     def read_checked_manifest():
-        manifest = read_manifest(config.shards)
+        try:
+            manifest = read_manifest(config.shards)
+        except ShardError as exc:
+            if config.resume and "shards" not in explicit:
+                raise ShardError(f"{exc}; if the shards were moved, give their new place with "
+                                 f"--resume {config.resume} --shards NEW_PATH (their "
+                                 f"fingerprint proves them the same)") from None
+            raise
         check_world_size(comm, manifest, config.shards)
         check_sample_size(config, manifest)
         if checkpoint is not None:
@@ -338,7 +381,12 @@ def set_up(config: TrainConfig, comm: Communicator, progress: RankProgress,
                 "backbone": config.backbone, "sampling": config.sampling,
                 "world_size": comm.size, "shards": config.shards,
                 "shards_fingerprint": fingerprint(manifest.raw),
-                "shards_description": describe_shards(manifest.raw)}
+                "shards_description": describe_shards(manifest.raw),
+                # the graph apart from its partition: what mpifgl.bias compares a reference by
+                "graph_fingerprint": graph_fingerprint(manifest.raw),
+                "graph_description": describe_graph(manifest.raw)}
+    if run_dir is not None:  # the server: whose records these are, and where it continued from
+        run_info.update(run_identity(config, checkpoint))
     placements = comm.gather_objects(placement)
     if placements is not None:
         run_info["placement"] = describe_placements(placements)
@@ -361,11 +409,29 @@ def set_up(config: TrainConfig, comm: Communicator, progress: RankProgress,
                     "devices": [str(p.device) for p in placements],
                     "gpu_names": [p.gpu_name for p in placements],
                     "threads_per_rank": [p.threads for p in placements],
-                    "shards_fingerprint": run_info["shards_fingerprint"]}
+                    **{key: run_info[key] for key in RECORDED_IN_CONFIG}}
         run_dir.write_json("config.json", resolved)
         log.info("config: %s", " ".join(f"{k}={v}" for k, v in sorted(config.to_dict().items())))
     progress.trainer = trainer
     return trainer, config
+
+
+# what config.json records of the run besides its flags: its shards and graph, its identity
+RECORDED_IN_CONFIG = ("shards_fingerprint", "graph_fingerprint", "graph_description", "run_id",
+                      "resumed_from")
+
+
+def run_identity(config: TrainConfig, checkpoint: dict | None) -> dict:
+    """The server's record of whose run this is: a new run id for a new run directory (a
+    fresh run, or a resume into a new directory), the checkpoint's own when a run continues in
+    place; and the checkpoint it continued from (None for a fresh run)."""
+    if checkpoint is None:
+        return {"run_id": new_run_id(), "resumed_from": None}
+    source = os.path.abspath(config.resume)
+    run_id = (checkpoint.get("run_id") or _saved_run_id(Path(source)) or new_run_id()
+              if resumes_in_place(config) else new_run_id())
+    return {"run_id": run_id, "resumed_from": {"run_id": checkpoint.get("run_id"),
+                                               "epoch": checkpoint["epoch"], "path": source}}
 
 
 def start_line(config: TrainConfig, trainer: Trainer, comm: Communicator) -> str:
@@ -403,7 +469,14 @@ def summary_line(final: dict, out: str) -> str:
         traffic, peak = "none (one process)", f"{memory[0]:.0f} MiB"
     best = final["best_train_micro_f1"]
     train = f"train {best:.4f}, " if best is not None else ""
-    return (f"done in {final['wall_seconds']:.1f} s: {final['epochs_run']} epochs, training "
+    resumed = final.get("resumed_from")
+    if resumed:  # the totals are the whole run's; say which part this process ran
+        this = final["parts"][-1]
+        resumed = (f" (resumed from the checkpoint of epoch {resumed['epoch']} in "
+                   f"{resumed['path']}; this part {this['epochs_run']} epochs in "
+                   f"{this['wall_seconds']:.1f} s)")
+    return (f"done in {final['wall_seconds']:.1f} s{resumed or ''}: {final['epochs_run']} "
+            f"epochs, training "
             f"{final['mean_train_epoch_seconds']:.3f} s per epoch, evaluation "
             f"{final['eval_seconds']:.1f} s in all ({final['evaluations']} evaluations); "
             f"traffic {traffic}; peak memory {peak}; best val micro-F1 "

@@ -213,7 +213,9 @@ class BestScore:
 class RunClock:
     """What the run's summary says (the server's view): wall time since set-up began, the
     training and evaluation time of the epochs this process ran, bytes and peak memory per
-    rank. ``summary`` goes into final.json."""
+    rank. A resumed run continues its checkpoint's record: ``earlier`` holds the figures of
+    the parts before (each up to the checkpoint the next one continued from), so the totals of
+    ``summary`` (final.json) cover the whole run and ``parts`` says them apart."""
 
     def __init__(self) -> None:
         self.started = time.perf_counter()
@@ -221,6 +223,8 @@ class RunClock:
         self.train_seconds = self.eval_seconds = 0.0
         self.bytes_per_rank: np.ndarray | None = None
         self.peak_rss_mb: np.ndarray | None = None
+        self.earlier: list[dict[str, Any]] = []  # the parts before a resume (its checkpoint's)
+        self.first_epoch = 1  # of this part
 
     def add_epoch(self, train_seconds: float, eval_seconds: float, evaluated: bool,
                   table: np.ndarray) -> None:
@@ -234,15 +238,41 @@ class RunClock:
         self.bytes_per_rank = moved if self.bytes_per_rank is None else self.bytes_per_rank + moved
         self.peak_rss_mb = table[:, RANK_STATS.index("peak_rss_mb")]  # a peak: the last is the max
 
-    def summary(self) -> dict[str, Any]:
-        return {"wall_seconds": time.perf_counter() - self.started,
+    def part(self, last_epoch: int, identity: dict[str, Any]) -> dict[str, Any]:
+        """This part's figures so far (``identity``: the run id and directory it ran in)."""
+        return {**identity, "first_epoch": self.first_epoch, "last_epoch": last_epoch,
                 "epochs_run": self.epochs, "evaluations": self.evaluations,
-                "mean_train_epoch_seconds": self.train_seconds / max(1, self.epochs),
-                "eval_seconds": self.eval_seconds,
+                "wall_seconds": time.perf_counter() - self.started,
+                "train_seconds": self.train_seconds, "eval_seconds": self.eval_seconds,
                 "bytes_per_rank": ([int(v) for v in self.bytes_per_rank]
                                    if self.bytes_per_rank is not None else []),
                 "peak_rss_mb_per_rank": ([float(v) for v in self.peak_rss_mb]
                                          if self.peak_rss_mb is not None else [])}
+
+    def record(self, last_epoch: int, identity: dict[str, Any]) -> dict[str, Any]:
+        """What a checkpoint carries, so that a resume adds to it: every part so far."""
+        return {"parts": self.earlier + [self.part(last_epoch, identity)]}
+
+    def resume_from(self, record: dict[str, Any] | None, epoch: int) -> None:
+        self.earlier = list((record or {}).get("parts", []))
+        self.first_epoch = epoch + 1
+
+    def summary(self, last_epoch: int, identity: dict[str, Any]) -> dict[str, Any]:
+        parts = self.record(last_epoch, identity)["parts"]
+        epochs = sum(p["epochs_run"] for p in parts)
+        train = sum(p["train_seconds"] for p in parts)
+        moved = [np.asarray(p["bytes_per_rank"], dtype=np.int64) for p in parts
+                 if p["bytes_per_rank"]]
+        peaks = [np.asarray(p["peak_rss_mb_per_rank"]) for p in parts
+                 if p["peak_rss_mb_per_rank"]]
+        return {"wall_seconds": sum(p["wall_seconds"] for p in parts),
+                "epochs_run": epochs, "evaluations": sum(p["evaluations"] for p in parts),
+                "train_seconds": train, "mean_train_epoch_seconds": train / max(1, epochs),
+                "eval_seconds": sum(p["eval_seconds"] for p in parts),
+                "bytes_per_rank": [int(v) for v in np.sum(moved, axis=0)] if moved else [],
+                "peak_rss_mb_per_rank": ([float(v) for v in np.max(peaks, axis=0)]
+                                         if peaks else []),
+                "parts": parts}
 
 
 @dataclass
@@ -390,11 +420,17 @@ class Trainer:
         best = self.state.best
         final = {"test_micro_f1": best.test, "best_val_micro_f1": best.val,
                  "best_train_micro_f1": best.train, "best_epoch": best.epoch,
-                 "epochs": self.config.epochs, **self.run_info, **self.clock.summary()}
+                 "epochs": self.config.epochs, **self.run_info,
+                 **self.clock.summary(self.state.epoch, self._identity())}
         self.run_dir.write_json("final.json", final)
         return final
 
     # -- checkpoints ----------------------------------------------------------------------------
+    def _identity(self) -> dict[str, Any]:
+        """The run this rank's records belong to: its id and directory (the server's)."""
+        return {"run_id": self.run_info.get("run_id"),
+                "run_dir": str(self.run_dir.path) if self.run_dir is not None else None}
+
     def _rank_state(self) -> dict[str, Any]:
         """What each rank contributes to a checkpoint: its random streams and the method's."""
         state = {"sample": self.setup.sample_rng.bit_generator.state,
@@ -425,7 +461,11 @@ class Trainer:
                    "world_size": self.comm.size,
                    # which shards it was trained on: --resume refuses others
                    "shards_fingerprint": self.run_info.get("shards_fingerprint"),
-                   "shards_description": self.run_info.get("shards_description")}
+                   "shards_description": self.run_info.get("shards_description"),
+                   # whose checkpoint it is (--resume refuses one copied from another run), and
+                   # the run's figures so far (a resume adds to them)
+                   **self._identity(), "record": self.clock.record(self.state.epoch,
+                                                                   self._identity())}
         self.run_dir.save_torch(CHECKPOINT_NAME, payload)
         self.checkpoint_epoch = self.state.epoch
 
@@ -439,4 +479,5 @@ class Trainer:
         self.method.optimizer.load_state_dict(payload["optimizer"])
         self.state = TrainerState(payload["epoch"], BestScore(**payload["best"]))
         self.checkpoint_epoch = self.state.epoch
+        self.clock.resume_from(payload.get("record"), self.state.epoch)
         self._restore_rank_state(mine)

@@ -13,11 +13,12 @@ python -c "import torch" 2>/dev/null || python -m pip install -q "${TORCH_SPEC:-
 python -m pip install -q -e '.[mpi-wheel,test]'
 # Open MPI from the wheel refuses root and refuses more ranks than cores unless told; 9 ranks on a
 # laptop or a 2-core VM is the normal case here, so the venv's activate script says so once, with
-# the variables of fgl_common/launch.py (the block is rewritten on every run of this script).
+# the variables of fgl_common/launch.py, each set only where the shell has none (a user's or a
+# launcher's value wins); the block is rewritten on every run of this script.
 sed -i '/^# mpifgl: Open MPI settings/,/^# mpifgl: end of Open MPI settings/d' .venv/bin/activate
 {
   echo "# mpifgl: Open MPI settings (added by scripts/setup.sh from fgl_common/launch.py)"
-  python -m fgl_common.launch --shell
+  python -m fgl_common.launch --activate
   echo "# mpifgl: end of Open MPI settings"
 } >> .venv/bin/activate
 # matplotlib's font cache is built here (it runs fc-list once), not in the middle of the first

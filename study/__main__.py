@@ -7,7 +7,9 @@
 
 Builds the plan (``study.plan``), runs it (``study.runner``: shards, subprocesses, timeouts,
 resume, budget) and writes the report (``study.report``: CSV, Markdown, PNG plots). Running the
-same command again resumes; SIGTERM (e.g. SLURM preemption) behaves like Ctrl-C.
+same command again resumes; SIGTERM (e.g. SLURM preemption) behaves like Ctrl-C. Exit status 1
+when a run of the plan failed (named, with its reason; the report is written all the same),
+2 for a bad flag (an unknown dataset among them, also with --dry-run).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from pathlib import Path
 from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace
 from study.config import StudyArgs, StudyConfig, study_config
 from study.report import write_report
-from study.runner import Study, hms
+from study.runner import Study, failed_runs, hms
 
 log = logging.getLogger("study")
 
@@ -61,6 +63,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     path = write_report(Path(config.out))
     log.info("report written: %s", path)
+    failed = failed_runs(Path(config.out))
+    if failed:
+        named = "; ".join(f"{key} ({reason[:120]})" for key, reason in list(failed.items())[:10])
+        more = f"; and {len(failed) - 10} more" if len(failed) > 10 else ""
+        log.error("%d run%s failed: %s%s; see %s (`--retry-failed` runs them again)",
+                  len(failed), "s" if len(failed) > 1 else "", named, more, path)
+        return 1
     return 0
 
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from data_prep.catalog import KNOWN_DATASETS, normalise_dataset_name
 from fgl_common.cli import option
+from fgl_common.protected import ProtectedPathError, check_output_directory
 from study.catalog import SECTIONS
 
 
@@ -63,8 +65,23 @@ class StudyConfig:
         return dict(self.dataset_epochs).get(dataset, self.epochs)
 
     def validate(self) -> None:
+        """ValueError naming the flag at fault: a value that makes the study meaningless
+        (every run of an unknown dataset would fail) is refused before anything runs, with
+        --dry-run too."""
         if not self.datasets:
             raise ValueError("--datasets is empty, expected a comma-separated list")
+        for flag, names in (("--datasets", self.datasets),
+                            ("--figure-datasets", self.figure_datasets),
+                            ("--ablation-datasets", self.ablation_datasets)):
+            unknown = [name for name in names if name not in KNOWN_DATASETS]
+            if unknown:
+                raise ValueError(f"{flag} {','.join(unknown)}: unknown dataset"
+                                 f"{'s' if len(unknown) > 1 else ''}, expected some of "
+                                 f"{','.join(KNOWN_DATASETS)} (data_prep's names)")
+        try:  # the report directory holds runs and shards of its own, never inside another's
+            check_output_directory(self.out, "--out", None)
+        except ProtectedPathError as exc:
+            raise ValueError(str(exc)) from None
         unknown = [s for s in self.only if s not in SECTIONS]
         if unknown:
             raise ValueError(f"--only {','.join(unknown)}: unknown section(s), expected some of "
@@ -116,6 +133,15 @@ class StudyArgs:
     report_only: bool = option(False, "rewrite the report from the runs present, run nothing")
 
 
+def _canonical(name: str) -> str:
+    """data_prep's spelling of a known dataset ("Cora" -> "cora"); unknown names stay as given
+    (``StudyConfig.validate`` names them)."""
+    try:
+        return normalise_dataset_name(name)
+    except ValueError:
+        return name
+
+
 def study_config(args: StudyArgs) -> StudyConfig:
     """The plan's configuration from the command line; ValueError names the flag at fault."""
     values = {"datasets": args.datasets, "out": args.out, "only": args.only, "lr": args.lr,
@@ -128,6 +154,9 @@ def study_config(args: StudyArgs) -> StudyConfig:
         "ablation_datasets": args.ablation_datasets,
         "timeout": args.timeout}
     values.update({k: v for k, v in optional.items() if v is not None})
+    for key in ("datasets", "figure_datasets", "ablation_datasets"):  # data_prep's spelling
+        if key in values:
+            values[key] = tuple(_canonical(name) for name in values[key])
     if "seeds" in values:
         values["figure_seeds"] = values["seeds"][:1]
     if args.epochs is not None:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option
+from fgl_common.protected import ProtectedPathError, check_output_directory
 
 from mpifgl.bias import BiasError, load_run_logits, mean_distance
 from study.catalog import REFERENCE_METHOD, algo_of, label_of, methods_of
@@ -490,7 +491,9 @@ def plan_section(plan: dict[str, Any], rows: list[RunRow]) -> list[str]:
 
 
 def write_report(root: Path) -> Path:
-    """Write runs.csv, the section CSVs, the PNGs and report.md into ``root``."""
+    """Write runs.csv, the section CSVs, the PNGs and report.md into ``root``; never into a
+    run or shard directory (ProtectedPathError: ``fgl_common.protected``)."""
+    check_output_directory(root, "REPORT_DIR", None)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -554,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     report_dir = dataclass_from_namespace(ReportArgs, parser.parse_args(argv)).report_dir
     try:
         print(write_report(report_dir))
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ProtectedPathError) as exc:
         print(f"study.report: error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -353,6 +353,27 @@ class Study:
         os.replace(tmp, previous)
 
 
+def failed_runs(root: Path) -> dict[str, str]:
+    """``key -> reason`` of every planned run of the study in ``root`` that failed (its
+    FAILED.json; shards that could not be prepared) or could not run (its method does not
+    import), as plan.json and the run directories record them."""
+    plan = read_json(root / "plan.json") or {}
+    failed = {}
+    unavailable = plan.get("unavailable", {})
+    for entry in plan.get("runs", []):
+        run_dir = root / "runs" / entry["key"]
+        record = read_json(run_dir / "FAILED.json")
+        algo = METHODS[entry["method"]].algo if entry.get("method") in METHODS else None
+        if record is not None:
+            failed[entry["key"]] = str(record.get("reason", "failed"))
+        elif algo in unavailable and run_status(run_dir) != "done":
+            failed[entry["key"]] = f"unavailable: --algo {algo} does not import"
+    for key, outcome in plan.get("outcomes", {}).items():
+        if outcome.get("status") in ("failed", "unavailable") and key not in failed:
+            failed[key] = f"{outcome['status']}: {outcome.get('message', '')}".rstrip(": ")
+    return failed
+
+
 def _final_f1(run_dir: Path) -> float:
     return float((read_json(run_dir / "final.json") or {}).get("test_micro_f1", float("nan")))
 

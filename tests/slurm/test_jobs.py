@@ -567,3 +567,31 @@ def test_a_dry_run_reports_an_output_that_exists(tmp_path):
             f"refuse it") in done.stderr
     assert "already holds" not in dry_run("train.sbatch", SHARD_DIR=str(shards), RUN_DIR=str(run),
                                           MPI_LAUNCHER="mpirun", EXTRA_ARGS="--force").stderr
+
+
+def test_the_venvs_activate_keeps_a_users_launch_variables(tmp_path):
+    """train.sbatch sources the venv's activate script, whose Open MPI block scripts/setup.sh
+    writes with `python -m fgl_common.launch --activate`: a mapping policy the user (or the
+    launcher) set survives it and reaches mpirun; unset, the single-host default applies."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    block = subprocess.run([str(PY), "-m", "fgl_common.launch", "--activate"], cwd=REPO,
+                           capture_output=True, text=True, timeout=30, check=True).stdout
+    (venv / "bin" / "activate").write_text(f'export PATH="{venv}/bin:$PATH"\n{block}')
+    (venv / "bin" / "python").symlink_to(PY)
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    (shards / "manifest.json").write_text(json.dumps({"num_clients": 2}))
+    policy = "PRTE_MCA_rmaps_default_mapping_policy"
+    for given, expected in (("ppr:1:node:oversubscribe", "ppr:1:node:oversubscribe"),
+                            (None, ":oversubscribe")):
+        variables = dict(SHARD_DIR=str(shards), RUN_DIR=str(tmp_path / "run"), VENV=str(venv),
+                         MPI_LAUNCHER="mpirun", MPIRUN=str(VENV / "bin" / "mpirun"))
+        env = clean_env(DRY_RUN="1", **variables)
+        env.pop(policy, None)
+        if given is not None:
+            env[policy] = given
+        done = subprocess.run(["bash", str(JOBS / "train.sbatch")], env=env, cwd=REPO,
+                              capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        assert f"+ export {policy}={expected}" in commands(done.stdout), done.stdout

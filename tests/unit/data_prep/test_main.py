@@ -34,7 +34,7 @@ def test_unknown_dataset_lists_known_ones(tmp_path, capsys):
     ("--seed", -1, "--seed must be >= 0, got -1"),
     ("--syn-homophily", 1.5, "--syn-homophily must be in [0, 1], got 1.5"),
     ("--syn-nodes", 0, "--syn-nodes must be >= 1, got 0"),
-    ("--skew-factor", 0.5, "--skew-factor must be >= 1, got 0.5"),
+    ("--skew-factor", 0.5, "--skew-factor must be > 1, got 0.5"),
     ("--partition", "spectral", "unknown --partition 'spectral'"),
 ])
 def test_bad_numbers(tmp_path, capsys, flag, value, message):
@@ -124,3 +124,25 @@ def test_default_data_root(monkeypatch, tmp_path):
     assert default_data_root() == tmp_path / "home" / ".cache" / "mpifgl" / "data"
     (tmp_path / "work" / "shared" / "data").mkdir(parents=True)
     assert default_data_root() == tmp_path / "work" / "shared" / "data"
+
+
+def test_label_skew_knobs_that_make_an_iid_split_are_refused_at_start(tmp_path, capsys):
+    """Favouring every class, or favouring with weight 1, draws every class alike: an iid split
+    under a non-iid name. Refused before anything is loaded (cora's raw files are not there)."""
+    start = ["--num-clients", 3, "--out", tmp_path / "o", "--partition", "label-skew"]
+    expect_error(capsys, "--dataset", "cora", "--data-root", tmp_path, *start,
+                 "--favoured-classes", 8, contains=[
+                     "data_prep: error: --favoured-classes must be in 1..6 for the 7 classes of "
+                     "cora, got 8: a client that favours every class draws them all alike, an "
+                     "iid split (that is --partition random)"])
+    expect_error(capsys, *SMALL_SYN, *start, "--favoured-classes", 4,
+                 contains=["--favoured-classes must be in 1..3 for the 4 classes of synthetic"])
+    expect_error(capsys, *SMALL_SYN, *start, "--skew-factor", 1,
+                 contains=["--skew-factor must be > 1, got 1.0: a favoured class of weight 1 "
+                           "is drawn no more often than the others"])
+    expect_error(capsys, *SMALL_SYN, "--num-clients", 3, "--out", tmp_path / "o",
+                 "--favoured-classes", 3, contains=[
+                     "--favoured-classes given with --partition random, which does not read it "
+                     "(--partition label-skew does)"])
+    assert not (tmp_path / "o").exists()
+

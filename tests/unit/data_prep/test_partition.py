@@ -148,3 +148,12 @@ def test_stratified_split():
     assert np.all(train | val | test)
     assert [int(train[y == c].sum()) for c in range(3)] == [60, 30, 6]
     assert [int(val[y == c].sum()) for c in range(3)] == [20, 10, 2]
+
+
+def test_the_loaded_graphs_classes_decide_the_label_skew_knobs():
+    """The catalog's class count refuses --favoured-classes at start; the loaded graph's own
+    count decides (a graph whose classes the catalog does not know, or gets wrong)."""
+    graph = synthetic(nodes=200, classes=3)
+    with pytest.raises(ValueError, match=r"--favoured-classes must be in 1\.\.2 for the 3 "
+                                         r"classes of synthetic, got 3"):
+        partition_nodes(graph, 2, PartitionConfig("label-skew", favoured_classes=3), seed=0)

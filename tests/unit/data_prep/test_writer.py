@@ -12,6 +12,7 @@ import pytest
 
 from data_prep import writer
 from data_prep.api import prepare_shards
+from data_prep.verify import verify_shard_dir
 from fgl_common import shard_format
 from fgl_common.ownership import remove_dead_owners
 from tests.helpers import dead_pid
@@ -192,3 +193,65 @@ def test_non_finite_features_are_refused_naming_the_first_bad_node(monkeypatch, 
         "data_prep: error: the generated dataset synthetic: the node features (dataset x) hold "
         "non-finite values: nan at node 17, column 3; 2 nodes affected; no shards written")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_shards_a_killed_force_moved_aside_are_restored_by_the_next_run(tmp_path, capsys):
+    """SIGKILL between the two renames of --force: no --out, the good shards in a hidden
+    `.old-` folder of a dead process. The next data_prep into that --out puts them back and
+    says so (never removes them as litter); it replaces them only with --force."""
+    out = tmp_path / "shards"
+    assert run_cli(capsys, *SMALL_SYN, "--num-clients", 3, "--out", out, "--quiet")[0] == 0
+    before = snapshot(out)
+    host, dead = socket.gethostname(), dead_pid()
+    aside = tmp_path / f".shards.old-{host}-{dead}-k2j"
+    out.rename(aside)
+    (tmp_path / f".shards.partial-{host}-{dead}-x7q").mkdir()  # the new shards, complete
+    code, _, stderr = run_cli(capsys, *SMALL_SYN, "--num-clients", 4, "--out", out, "--quiet")
+    assert code == 2 and stderr.splitlines() == [
+        f"data_prep: warning: restored {out} from {aside.name}: a data_prep killed while "
+        f"replacing it (--force) had moved the previous shards aside",
+        f"data_prep: error: output {out} already exists; pass --force to replace it (the old "
+        f"one is removed only after the new one is complete)"]
+    assert snapshot(out) == before and leftovers(tmp_path) == [aside.name.replace(
+        ".old-", ".partial-").replace("k2j", "x7q")]
+    out.rename(aside)  # killed again: this time the next run asks for the replacement
+    code, _, stderr = run_cli(capsys, *SMALL_SYN, "--num-clients", 4, "--out", out, "--force",
+                              "--quiet")
+    assert code == 0 and stderr.startswith(f"data_prep: warning: restored {out} from ")
+    assert shard_format.read_manifest(out).num_clients == 4 and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("umask,existing,expected", [
+    (0o022, None, 0o755), (0o077, None, 0o700), (0o077, 0o755, 0o755), (0o022, 0o2770, 0o2770)])
+def test_a_shard_directory_follows_the_umask_and_force_keeps_its_mode(
+        tmp_path, capsys, umask, existing, expected):
+    out = tmp_path / "shards"
+    previous = os.umask(umask)
+    try:
+        if existing is not None:  # a group-shared directory replaced with --force
+            assert run_cli(capsys, *SMALL_SYN, "--num-clients", 2, "--out", out, "--quiet")[0] == 0
+            os.chmod(out, existing)
+        code, _, stderr = run_cli(capsys, *SMALL_SYN, "--num-clients", 3, "--out", out,
+                                  "--force", "--quiet")
+    finally:
+        os.umask(previous)
+    assert code == 0, stderr
+    assert oct(os.stat(out).st_mode & 0o7777) == oct(expected)
+    assert oct(os.stat(out / "manifest.json").st_mode & 0o777) == oct(0o666 & ~umask)
+
+
+def test_shards_never_go_into_or_over_a_run_or_shard_directory(tmp_path, capsys):
+    shards, run = tmp_path / "shards", tmp_path / "run"
+    assert run_cli(capsys, *SMALL_SYN, "--num-clients", 2, "--out", shards, "--quiet")[0] == 0
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"algo": "ours", "world_size": 3}))
+    for out, why in ((shards / "more", f"it lies inside the shard directory {shards} of "
+                                      f"data_prep, which holds that program's files only"),
+                     (run / "shards", f"it lies inside the run directory {run} of "
+                                      f"mpifgl.train, which holds that program's files only"),
+                     (run, "it is a run directory of mpifgl.train (config.json there)")):
+        code, _, stderr = run_cli(capsys, *SMALL_SYN, "--num-clients", 2, "--out", out,
+                                  "--force", "--quiet")
+        assert code == 2 and stderr.startswith(f"data_prep: error: --out {out}: {why}"), stderr
+    assert sorted(p.name for p in run.iterdir()) == ["config.json"]
+    assert verify_shard_dir(shards).ok

@@ -46,3 +46,19 @@ def test_runtime_tuning_is_libnbc_only_and_applied_by_comm():
 
 def test_mpirun_path_names_an_mpirun():
     assert Path(mpirun_path()).name == "mpirun"
+
+
+def test_the_activate_lines_set_a_variable_only_where_it_is_not_set(capsys, monkeypatch):
+    """What scripts/setup.sh writes into the venv's activate script: sourcing it keeps a
+    user's (or a launcher's) value (the lines run in bash: tests/slurm/test_jobs.py)."""
+    from fgl_common.launch import activate_lines
+    assert activate_lines(as_root=False)[1:] == [
+        ': "${PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe}"; '
+        'export PRTE_MCA_rmaps_default_mapping_policy']
+    assert activate_lines(as_root=True)[2:] == [
+        f': "${{{name}=1}}"; export {name}' for name in ROOT_ONLY]
+    monkeypatch.setattr(launch, "running_as_root", lambda: False)
+    assert launch.main(["--activate"]) == 0
+    assert capsys.readouterr().out.splitlines() == activate_lines(as_root=False)
+    setup = (REPO / "scripts" / "setup.sh").read_text()
+    assert "python -m fgl_common.launch --activate" in setup and "--shell" not in setup

@@ -91,7 +91,7 @@ def test_local_bias_report_per_client_and_noise(tmp_path):
 def test_cli_errors_are_one_line_without_traceback(tmp_path, capsys):
     shards = _shard_dir(tmp_path / "shards", [[0, 1]])
     no_logits = _run_dir(tmp_path / "nologits", None, shards)
-    central = _run_dir(tmp_path / "central", np.zeros((2, 2)), shards)
+    central = _run_dir(tmp_path / "central", np.zeros((2, 2)), shards, algo="centralized")
     other = _run_dir(tmp_path / "other", np.zeros((2, 2)), shards, dataset="cora")
     wide = _run_dir(tmp_path / "wide", np.zeros((2, 3)), shards)
 
@@ -123,3 +123,83 @@ def test_the_report_says_what_the_figure_is_and_how_to_judge_it(tmp_path, capsys
     judged = capsys.readouterr().out
     assert "noise floor: 0.7071" in judged and "bias / noise = 2.12" in judged
     assert "differ from centralized training by 2.12 times the seed noise" in judged
+
+
+# -- what bias reads is checked against the runs' records (runs trained here, in-process) -------
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, toy_graph):
+    """Runs trained in this process (centralized, with logits), by name: on partitions of the
+    toy graph into 2 (run, fedavg: its record says --algo fedavg), 1 (merged) and 3 (three)
+    clients, and on a graph of 4 classes (other). Their shards are in shards-NAME beside."""
+    from mpifgl import train
+    from tests.helpers.graphs import random_graph, random_parts, write_shards
+    root = tmp_path_factory.mktemp("bias-runs")
+    other = random_graph(n=60, avg_degree=5, d=7, classes=4, seed=11)
+    made = {}
+    for name, clients, graph in (("run", 2, toy_graph), ("fedavg", 2, toy_graph),
+                                 ("merged", 1, toy_graph), ("three", 3, toy_graph),
+                                 ("other", 2, other)):
+        shards = write_shards(graph, random_parts(graph.num_nodes, clients, 0),
+                              root / f"shards-{name}")
+        made[name] = run = root / name
+        assert train.main(["--algo", "centralized", "--hidden", "8", "--epochs", "2",
+                           "--log-every", "100", "--save-logits", "--shards", str(shards),
+                           "--out", str(run)]) == 0
+    config = json.loads((made["fedavg"] / "config.json").read_text())
+    (made["fedavg"] / "config.json").write_text(json.dumps({**config, "algo": "fedavg"}))
+    return made
+
+
+def test_bias_checks_its_reference_and_shards_against_the_runs_records(runs, capsys):
+    from tests.helpers.graphs import random_graph, random_parts, write_shards
+    run, merged, other_partition = runs["run"], runs["merged"], runs["three"]
+    # the reference may be on any partition of the run's graph: logits are in global order
+    assert local_bias(run, merged).client_sizes == [30, 30]
+    assert local_bias(run, other_partition, merged).noise_floor is not None
+    not_central = runs["fedavg"]
+    assert main([str(run), "--reference", str(not_central)]) == 1
+    assert capsys.readouterr().err == (
+        f"mpifgl.bias: error: --reference {not_central}: its config.json says --algo fedavg, "
+        f"expected --algo centralized: local bias is measured against the model trained "
+        f"centrally on the whole graph (`python -m mpifgl.train --algo centralized "
+        f"--save-logits ...`)\n")
+    with pytest.raises(BiasError, match="^--noise-reference .* says --algo fedavg"):
+        local_bias(run, merged, not_central)
+    other_graph = runs["other"]
+    with pytest.raises(BiasError, match=rf"^{run} was trained on another graph \(toy, 60 nodes, "
+                                        rf"3 classes, split test; graph [0-9a-f]{{16}}\) than the "
+                                        rf"reference {other_graph} \(toy, 60 nodes, 4 classes"):
+        local_bias(run, other_graph)
+    # client membership from another partition of the same graph: refused, naming both
+    another = run.parent / "shards-three"
+    status = main([str(run), "--reference", str(merged), "--shards", str(another)])
+    error = capsys.readouterr().err
+    assert status == 1 and error.startswith(
+        f"mpifgl.bias: error: --shards {another}: these shards (fingerprint ") and (
+        f": toy, test partition seed 0, 3 clients, 60 nodes) are not the partition {run} was "
+        f"trained on (fingerprint ") in error and error.endswith(
+        "so the per-client figures would be wrong: pass the shards it was trained on, or leave "
+        "out --shards\n")
+    own = run.parent / "shards-run"  # re-made in place with another partition since the run
+    for name in ("client_0.h5", "client_1.h5", "manifest.json"):
+        (own / name).write_bytes((run.parent / "shards-fedavg" / name).read_bytes())
+    assert local_bias(run, merged).client_sizes == [30, 30]  # the same partition: accepted
+    write_shards(random_graph(n=60, avg_degree=5, d=7, classes=3, seed=11),
+                 random_parts(60, 2, seed=5), own)
+    with pytest.raises(BiasError, match=rf"^{run}'s shards {own}: these shards .* they were "
+                                        rf"re-made or replaced since"):
+        local_bias(run, merged)
+
+
+def test_a_bias_report_never_replaces_a_file_of_a_run(runs, capsys):
+    run, reference = runs["three"], runs["merged"]
+    before = (run / "final.json").read_bytes()
+    assert main([str(run), "--reference", str(reference), "--json", str(run / "final.json")]) == 1
+    assert capsys.readouterr().err == (
+        f"mpifgl.bias: error: --json {run / 'final.json'}: refusing to replace final.json in "
+        f"the run directory {run}: it is a file of that run; choose a new file name\n")
+    assert (run / "final.json").read_bytes() == before
+    for _ in range(2):  # a report of its own, written again
+        assert main([str(run), "--reference", str(reference), "--json",
+                     str(run / "bias.json")]) == 0
+    assert json.loads((run / "bias.json").read_text())["reference"] == str(reference)

@@ -121,9 +121,27 @@ def test_resume_compares_resolved_shard_paths(tmp_path, monkeypatch):
     for spelling in ("shards", "./shards/", str(shards)):
         given = parse_config(["--resume", "r", "--shards", spelling])
         assert resumed_config(saved, given, {"resume", "shards"}).shards == str(shards)
-    with pytest.raises(ValueError, match="--shards"):
-        resumed_config(saved, parse_config(["--resume", "r", "--shards", "other"]),
-                       {"resume", "shards"})
+    # shards elsewhere are taken here; mpifgl.train proves them the same by their fingerprint
+    moved = resumed_config(saved, parse_config(["--resume", "r", "--shards", "other"]),
+                           {"resume", "shards"})
+    assert moved.shards == str(tmp_path / "other")
+    with pytest.raises(ValueError, match=r"these flags differ: --lr 0\.5 \(run has 0\.01\)"):
+        resumed_config(saved, parse_config(["--resume", "r", "--lr", "0.5"]), {"resume", "lr"})
+
+
+def test_a_resume_never_ends_before_its_checkpoints_epoch():
+    saved = TrainConfig(epochs=40).to_dict()
+    given = parse_config(["--resume", "r", "--epochs", "10"])
+    with pytest.raises(ValueError) as refused:
+        resumed_config(saved, given, {"resume", "epochs"}, checkpoint_epoch=30)
+    assert str(refused.value) == (
+        "--epochs is 10, expected at least 30: the checkpoint in r is of epoch 30 and a resume "
+        "trains on from there (--epochs 30 writes the final files of that model without "
+        "training further)")
+    assert resumed_config(saved, parse_config(["--resume", "r", "--epochs", "30"]),
+                          {"resume", "epochs"}, checkpoint_epoch=30).epochs == 30
+    assert resumed_config(saved, parse_config(["--resume", "r"]), {"resume"},
+                          checkpoint_epoch=30).epochs == 40
 
 
 

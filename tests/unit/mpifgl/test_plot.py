@@ -67,3 +67,30 @@ def test_a_missing_or_empty_run_is_one_line(tmp_path, capsys):
     with open(torn / "metrics.jsonl", "a") as handle:
         handle.write('{"epoch": 3, "lo')  # a line cut off by a kill
     assert [r["epoch"] for r in read_metrics(torn)] == [1, 2]
+
+
+def test_a_plot_never_replaces_a_file_of_a_run_or_enters_a_shard_directory(
+        tmp_path, capsys, toy_shards, monkeypatch):
+    monkeypatch.setattr(plot, "draw", lambda runs: plot.PNG_SIGNATURE + b"drawn")
+    run = fake_run(tmp_path / "run", epochs=2, ranks=3)
+    (run / "config.json").write_text(json.dumps({"algo": "ours", "world_size": 3}))
+    (run / "notes.txt").write_text("mine")
+    (tmp_path / "link").symlink_to(run)
+    shards = toy_shards(2)
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    for out, why in (
+            (run / "metrics.jsonl", f"refusing to replace metrics.jsonl in the run directory "
+                                    f"{run}: it is a file of that run; choose a new file name"),
+            (tmp_path / "link" / "config.json", "refusing to replace config.json in the run "
+                                                "directory"),
+            (run / "notes.txt", f"refusing to replace notes.txt in the run directory {run}: it "
+                                f"is not a file this tool wrote"),
+            (shards / "plot.png", f"refusing to write into the shard directory {shards}")):
+        assert main([str(run), "--out", str(out)]) == 1
+        assert capsys.readouterr().err.startswith(f"mpifgl.plot: error: --out {out}: {why}")
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    assert sorted(p.name for p in shards.iterdir()) == ["client_0.h5", "client_1.h5",
+                                                        "manifest.json"]
+    for _ in range(2):  # its own plot, drawn again, and a new file of its own
+        assert main([str(run)]) == 0 and plot.is_png(run / "metrics.png")
+    assert main([str(run), "--out", str(run / "late.png")]) == 0

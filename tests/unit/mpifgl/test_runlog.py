@@ -16,8 +16,8 @@ import torch
 
 from fgl_common.diskspace import DiskFullError
 from fgl_common.ownership import owner_is_dead
-from mpifgl.runlog import (LOCK_NAME, RunDirError, RunDirectory, atomic_write, claim_run_dir,
-                           default_run_dir)
+from mpifgl.runlog import (LOCK_NAME, RunDirError, RunDirectory, atomic_write, check_loadable,
+                           claim_run_dir, default_run_dir, load_checkpoint)
 from tests.helpers import dead_pid
 from tests.helpers.tiny_fs import fill
 
@@ -261,3 +261,55 @@ def test_a_run_that_never_started_leaves_no_directory(tmp_path):
     existing = claim_run_dir(tmp_path / "old", False, False)
     existing.abandon()
     assert sorted(p.name for p in (tmp_path / "old").iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_a_run_directory_follows_the_umask_and_force_keeps_its_mode(tmp_path, umask):
+    previous = os.umask(umask)
+    try:
+        run = claim_run_dir(tmp_path / "runs" / "a", False, False)
+        run.release()
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        os.chmod(shared, 0o2775)  # a group's directory, taken again with --force
+        (shared / "final.json").write_text("{}")
+        claim_run_dir(shared, True, False).release()
+    finally:
+        os.umask(previous)
+    assert oct(os.stat(tmp_path / "runs" / "a").st_mode & 0o7777) == oct(0o777 & ~umask)
+    assert oct(os.stat(tmp_path / "runs").st_mode & 0o7777) == oct(0o777 & ~umask)
+    assert oct(os.stat(shared).st_mode & 0o7777) == oct(0o2775)
+
+
+def test_a_run_never_goes_into_a_shard_directory_nor_inside_another_run(tmp_path, toy_shards):
+    shards, run = toy_shards(2), tmp_path / "run"
+    (run / "inner").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"algo": "ours", "world_size": 3}))
+    for out, why in ((shards, f"it is a shard directory of data_prep (manifest.json there); a "
+                              f"run directory must not replace or mix with it"),
+                     (shards / "run", f"it lies inside the shard directory {shards} of "
+                                      f"data_prep"),
+                     (run / "inner", f"it lies inside the run directory {run} of mpifgl.train")):
+        with pytest.raises(RunDirError) as refused:
+            claim_run_dir(out, True, False)
+        assert str(refused.value).startswith(f"--out {out}: {why}")
+    assert sorted(p.name for p in shards.iterdir()) == ["client_0.h5", "client_1.h5",
+                                                        "manifest.json"]
+
+
+def test_a_checkpoint_holds_only_what_loads_without_running_code(tmp_path):
+    run = RunDirectory(tmp_path)
+    with pytest.raises(TypeError, match=r"checkpoint\.pt\['rng'\]\[0\]\['growths'\] is a "
+                                        r"numpy\.ndarray: a checkpoint holds only tensors"):
+        run.save_torch("checkpoint.pt", {"epoch": 1, "rng": [{"growths": np.zeros(2)}]})
+    with pytest.raises(TypeError, match=r"\['x'\] is a numpy\.float64"):
+        check_loadable({"x": np.float64(1.0)}, "state")
+    state = {"epoch": 3, "w": torch.ones(2), "best": {"val": None}, "slots": {("sum", (2, 1)): 1},
+             "big": 2 ** 127, "rng": [{"torch_generator": torch.Generator().get_state()}]}
+    run.save_torch("checkpoint.pt", state)  # numpy's generator state is plain ints: it loads
+    loaded = load_checkpoint(tmp_path)
+    assert loaded["big"] == 2 ** 127 and loaded["slots"] == {("sum", (2, 1)): 1}
+    torch.save([1, 2], tmp_path / "checkpoint.pt")
+    with pytest.raises(ValueError, match=r"checkpoint\.pt: not a checkpoint of mpifgl\.train "
+                                         r"\(expected a dict with its epoch, found list\)"):
+        load_checkpoint(tmp_path)

@@ -144,6 +144,10 @@ def test_a_resumed_secure_run_with_history_continues_bit_for_bit(toy_shards, tmp
     assert epochs(more) == epochs(whole)
     first, second = torch.load(more / "model.pt"), torch.load(whole / "model.pt")
     assert all(torch.equal(first[k], second[k]) for k in second)
+    # the resumed run's record counts both parts: the uninterrupted run's bytes and epochs
+    totals = [{key: json.loads((run / "final.json").read_text())[key]
+               for key in ("epochs_run", "evaluations", "bytes_per_rank")} for run in (more, whole)]
+    assert totals[0] == totals[1] and totals[1]["epochs_run"] == 6
 
 
 def test_a_run_stopped_before_its_first_checkpoint_says_how_to_start_again(
@@ -229,3 +233,141 @@ def test_a_client_file_of_another_partition_is_reported_once_whatever_the_method
         f"clients' global node ids do not cover 0..59 exactly once")
     assert "client_1.h5 disagrees with every shard it shares edges with" in lines[0]
     assert not (tmp_path / "run").exists()
+
+
+# -- a run's record: its checkpoints are its own, loading one runs no code, its totals are true --
+def checkpointed_run(program, shards, run, epochs: int = 2) -> dict:
+    """A finished centralized run with a checkpoint every epoch; its config.json."""
+    assert program(*CENTRAL, "--shards", shards, "--out", run, "--epochs", epochs,
+                   "--checkpoint-every", "1") == (0, [])
+    return json.loads((run / "config.json").read_text())
+
+
+class RunsCode:
+    """Unpickling it would create ``marker`` (what a hostile checkpoint would do)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_crafted_checkpoint_is_refused_without_running_its_code(program, toy_shards,
+                                                                   tmp_path):
+    import torch
+    run, marker = tmp_path / "run", tmp_path / "MARKER"
+    checkpointed_run(program, toy_shards(2), run)
+    genuine = torch.load(run / "checkpoint.pt", weights_only=True)  # what a real one holds
+    torch.save({**genuine, "model": RunsCode(marker)}, run / "checkpoint.pt")
+    status, lines = program("--resume", run, "--out", tmp_path / "new")
+    assert status == 1 and lines == [
+        f"mpifgl.train: error: {run}/checkpoint.pt: refused: it holds the Python object "
+        f"io.open, which only running code could rebuild; a checkpoint of mpifgl.train "
+        f"holds tensors, numbers, strings, lists and dicts only, so this file was not written "
+        f"by it (or was altered)"]
+    assert not marker.exists() and not (tmp_path / "new").exists()
+    torch.load(run / "checkpoint.pt", weights_only=False)  # what the old loader did: it runs
+    assert marker.exists()
+
+
+def test_a_checkpoint_copied_from_another_run_is_refused_naming_both(program, toy_shards,
+                                                                     tmp_path):
+    shards, mine, other = toy_shards(2), tmp_path / "mine", tmp_path / "other"
+    own_id = checkpointed_run(program, shards, mine)["run_id"]
+    other_id = checkpointed_run(program, shards, other)["run_id"]
+    assert own_id != other_id
+    (mine / "checkpoint.pt").write_bytes((other / "checkpoint.pt").read_bytes())
+    status, lines = program("--resume", mine, "--out", tmp_path / "new", "--epochs", "3")
+    assert status == 1 and lines == [
+        f"mpifgl.train: error: --resume {mine}: {mine}/checkpoint.pt belongs to another run "
+        f"(run id {other_id}, written in {other}) than the run of {mine} (run id {own_id}, its "
+        f"config.json); a checkpoint copied from another run is not resumed: resume that run "
+        f"(--resume {other})"]
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_resume_never_ends_before_its_checkpoint(program, toy_shards, tmp_path):
+    run = tmp_path / "run"
+    checkpointed_run(program, toy_shards(2), run, epochs=3)
+    status, lines = program("--resume", run, "--out", tmp_path / "new", "--epochs", "2")
+    assert status == 1 and lines == [
+        f"mpifgl.train: error: --epochs is 2, expected at least 3: the checkpoint in {run} is "
+        f"of epoch 3 and a resume trains on from there (--epochs 3 writes the final files of "
+        f"that model without training further)"]
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_resumed_runs_record_covers_the_whole_run(program, toy_shards, tmp_path):
+    """final.json of a resumed run: totals of both parts, each part said apart, where it
+    continued from; its config.json a run id of its own; the summary line says so."""
+    from mpifgl.train import summary_line
+    first, second = tmp_path / "first", tmp_path / "second"
+    first_id = checkpointed_run(program, toy_shards(2), first)["run_id"]
+    assert program("--resume", first, "--out", second, "--epochs", "5") == (0, [])
+    before = json.loads((first / "final.json").read_text())
+    final = json.loads((second / "final.json").read_text())
+    second_id = json.loads((second / "config.json").read_text())["run_id"]
+    assert second_id not in (None, first_id) and final["run_id"] == second_id
+    assert final["resumed_from"] == {"run_id": first_id, "epoch": 2, "path": str(first)}
+    assert [(p["run_id"], p["run_dir"], p["first_epoch"], p["last_epoch"], p["epochs_run"],
+             p["evaluations"]) for p in final["parts"]] == [
+        (first_id, str(first), 1, 2, 2, 2), (second_id, str(second), 3, 5, 3, 3)]
+    assert (final["epochs_run"], final["evaluations"]) == (5, 5)
+    for total in ("wall_seconds", "train_seconds", "eval_seconds"):
+        assert final[total] == pytest.approx(sum(p[total] for p in final["parts"]))
+    assert final["parts"][0]["wall_seconds"] <= before["wall_seconds"]
+    assert f"(resumed from the checkpoint of epoch 2 in {first}; this part 3 epochs in " \
+        in summary_line(final, str(second))
+
+
+def test_moved_shards_are_resumed_when_their_fingerprint_matches(program, toy_shards,
+                                                                 tmp_path):
+    shards, run, moved = toy_shards(2), tmp_path / "run", tmp_path / "moved"
+    checkpointed_run(program, shards, run)
+    shards.rename(moved)
+    status, lines = program("--resume", run, "--out", tmp_path / "new", "--epochs", "3")
+    assert status == 1 and lines == [
+        f"mpifgl.train: error: shard directory {shards} does not exist (expected the --out of "
+        f"`python -m data_prep`); if the shards were moved, give their new place with --resume "
+        f"{run} --shards NEW_PATH (their fingerprint proves them the same)"]
+    assert program("--resume", run, "--out", tmp_path / "new", "--epochs", "3",
+                   "--shards", moved) == (0, [])
+    assert json.loads((tmp_path / "new" / "config.json").read_text())["shards"] == str(moved)
+
+
+def test_a_manifest_that_contradicts_its_shards_is_refused_at_set_up_as_verify_does(
+        program, tmp_path, capsys):
+    """data_prep's shards with the manifest edited (checksums consistent): 12 classes claimed
+    for 4, then one client's class histogram. Training refuses both at set-up with the words of
+    `data_prep verify`, before any run directory exists."""
+    from data_prep.__main__ import main as data_prep
+    from data_prep.verify import verify_shard_dir
+    from tests.helpers.data_prep_fixtures import SMALL_SYN
+    shards = tmp_path / "shards"
+    assert data_prep([*SMALL_SYN, "--num-clients", "2", "--out", str(shards), "--quiet"]) == 0
+    manifest_path = shards / "manifest.json"
+    pristine = json.loads(manifest_path.read_text())
+    edits = [({**pristine, "num_classes": 12},
+              "num_classes is 12 but clients[0].class_counts lists 4 classes"),
+             ({**pristine, "clients": [{**pristine["clients"][0], "class_counts": [
+                 c + 1 for c in pristine["clients"][0]["class_counts"]]},
+                 pristine["clients"][1]]}, "class_counts is [")]
+    for manifest, words in edits:
+        manifest_path.write_text(json.dumps(manifest))
+        status, lines = program(*CENTRAL, "--shards", shards, "--out", tmp_path / "run")
+        assert status == 1 and len(lines) == 1 and words in lines[0], lines
+        assert lines[0].startswith(f"mpifgl.train: error: {shards}/")
+        assert any(words in problem for problem in verify_shard_dir(shards).problems)
+        assert not (tmp_path / "run").exists()
+
+
+def test_a_run_never_writes_into_its_shards(program, toy_shards):
+    shards = toy_shards(2)
+    before = {p.name: p.read_bytes() for p in shards.iterdir()}
+    for out, why in ((shards, "it is a shard directory of data_prep (manifest.json there)"),
+                     (shards / "run", f"it lies inside the shard directory {shards}")):
+        status, lines = program(*CENTRAL, "--shards", shards, "--out", out)
+        assert status == 1 and len(lines) == 1
+        assert lines[0].startswith(f"mpifgl.train: error: --out {out}: {why}"), lines
+    assert {p.name: p.read_bytes() for p in shards.iterdir()} == before

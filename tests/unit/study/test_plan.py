@@ -121,3 +121,27 @@ def test_runs_get_one_thread_per_rank_and_this_checkout_first():
     assert distributed["OMP_NUM_THREADS"] == "1" and "OMP_NUM_THREADS" not in single
     assert distributed["PYTHONPATH"].startswith(str(REPO))
     assert distributed["PRTE_MCA_rmaps_default_mapping_policy"]
+
+
+@pytest.mark.parametrize("extra", [[], ["--dry-run"]])
+def test_an_unknown_dataset_is_refused_at_start_naming_the_known_ones(capsys, extra):
+    from data_prep.catalog import KNOWN_DATASETS
+    with pytest.raises(SystemExit) as stopped:
+        parse_config(["--datasets", "cora,nosuch", "--out", "x", *extra])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and (
+        f"error: --datasets nosuch: unknown dataset, expected some of "
+        f"{','.join(KNOWN_DATASETS)} (data_prep's names)") in err
+    with pytest.raises(SystemExit):
+        parse_config(["--datasets", "cora", "--ablation-datasets", "pubmd", "--out", "x"])
+    assert "--ablation-datasets pubmd: unknown dataset" in capsys.readouterr().err
+    assert parse_config(["--datasets", "Cora,CiteSeer", "--out", "x"])[0].datasets == (
+        "cora", "citeseer")  # data_prep's spelling of the names it knows
+
+
+def test_a_study_never_writes_into_a_run_or_shard_directory(tmp_path, capsys, toy_shards):
+    shards = toy_shards(2)
+    with pytest.raises(SystemExit):
+        parse_config(["--datasets", "cora", "--out", str(shards / "study"), "--dry-run"])
+    assert (f"--out {shards / 'study'}: it lies inside the shard directory {shards}"
+            in capsys.readouterr().err)

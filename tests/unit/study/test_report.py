@@ -11,6 +11,7 @@ import pytest
 from study.config import StudyConfig
 from study.plan import build_plan
 from study.report import collect_rows, summarize_metrics, write_report
+from study.runner import failed_runs
 
 pytestmark = pytest.mark.usefixtures("matplotlib_fonts")  # the report draws figures
 
@@ -34,7 +35,7 @@ def _fake_run(root: Path, key: str, f1: float, logits: np.ndarray, ranks: int = 
     np.save(run / "logits.npy", logits)
 
 
-def test_report_from_fake_runs(tmp_path):
+def test_report_from_fake_runs(tmp_path, monkeypatch):
     config = StudyConfig(datasets=("cora",), out=tmp_path, seeds=(0, 1), figure_seeds=(0,),
                          client_counts=(4, 8), only=("table2", "fig3", "fig5"), epochs=100,
                          figure_epochs=100,
@@ -78,6 +79,14 @@ def test_report_from_fake_runs(tmp_path):
     method, mean, std, n = table2[1].split(",")[:4]
     assert (method, int(n)) == ("ours", 2)
     assert (float(mean), float(std)) == pytest.approx((0.85, 0.05))
+    # the study names the runs that did not finish, and its exit status says so
+    failed = failed_runs(tmp_path)
+    assert failed == {**{key: "timed out after 9 s" for key in plan.runs if "graphsage" in key},
+                      **{key: "unavailable: --algo bns does not import" for key in plan.runs
+                         if "bns" in key}}
+    import study.__main__ as study_main
+    monkeypatch.setattr(study_main, "write_report", lambda root: path)  # written above
+    assert study_main.main(["--datasets", "cora", "--out", str(tmp_path), "--report-only"]) == 1
 
 
 def test_table4_has_the_secure_row(tmp_path):
@@ -107,3 +116,15 @@ def test_summarize_metrics_skips_warmup_epoch():
     out = summarize_metrics(records)
     assert out["epoch_seconds"] == 1.0 and out["client_mb_per_epoch"] == 2.0
     assert out["server_mb_per_epoch"] == 1.0 and out["client_peak_rss_mb"] == 3.0
+
+
+def test_a_report_is_never_written_into_a_run_or_shard_directory(tmp_path, capsys):
+    from study.report import main
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"algo": "ours", "world_size": 3}))
+    (run / "plan.json").write_text(json.dumps({"runs": []}))
+    assert main([str(run)]) == 1
+    assert capsys.readouterr().err.startswith(
+        f"study.report: error: REPORT_DIR {run}: it is a run directory of mpifgl.train")
+    assert sorted(p.name for p in run.iterdir()) == ["config.json", "plan.json"]
