@@ -213,14 +213,46 @@ class BestScore:
 class RunClock:
     """What the run's summary says (the server's view): wall time since set-up began, the
     training and evaluation time of the epochs this process ran, bytes and peak memory per
-    rank. ``summary`` goes into final.json."""
+    rank, and when the validation micro-F1 first reached ``--target-val-f1``. ``summary`` goes
+    into final.json.
 
-    def __init__(self) -> None:
+    Time to accuracy counts two clocks, both of the server: ``elapsed`` = the training and
+    evaluation seconds of every epoch so far (set-up, logging and checkpoints left out), and
+    ``wall`` = seconds since the process started (set-up included). A resumed run continues
+    both from its checkpoint."""
+
+    def __init__(self, target_val_f1: float = 0.0) -> None:
         self.started = time.perf_counter()
         self.epochs = self.evaluations = 0
         self.train_seconds = self.eval_seconds = 0.0
         self.bytes_per_rank: np.ndarray | None = None
         self.peak_rss_mb: np.ndarray | None = None
+        self.target_val_f1 = target_val_f1
+        self.prior_elapsed = self.prior_wall = 0.0  # of the run's attempts before a resume
+        # (epoch, elapsed, wall) of the first evaluation at or above the target; None: not yet
+        self.reached: tuple[int, float, float] | None = None
+
+    @property
+    def elapsed(self) -> float:
+        return self.prior_elapsed + self.train_seconds + self.eval_seconds
+
+    @property
+    def wall(self) -> float:
+        return self.prior_wall + time.perf_counter() - self.started
+
+    def check_target(self, epoch: int, val_micro_f1: float) -> None:
+        """Note the first epoch whose evaluation reaches the target (after add_epoch)."""
+        if self.target_val_f1 > 0 and self.reached is None and val_micro_f1 >= self.target_val_f1:
+            self.reached = (epoch, self.elapsed, self.wall)
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the clock."""
+        return {"elapsed": self.elapsed, "wall": self.wall, "reached": self.reached}
+
+    def restore(self, state: dict[str, Any] | None) -> None:
+        if state:
+            self.prior_elapsed, self.prior_wall = state["elapsed"], state["wall"]
+            self.reached = tuple(state["reached"]) if state.get("reached") else None
 
     def add_epoch(self, train_seconds: float, eval_seconds: float, evaluated: bool,
                   table: np.ndarray) -> None:
@@ -235,7 +267,10 @@ class RunClock:
         self.peak_rss_mb = table[:, RANK_STATS.index("peak_rss_mb")]  # a peak: the last is the max
 
     def summary(self) -> dict[str, Any]:
+        epoch, elapsed, wall = self.reached if self.reached else (None, None, None)
         return {"wall_seconds": time.perf_counter() - self.started,
+                "target_val_micro_f1": self.target_val_f1 or None, "target_epoch": epoch,
+                "seconds_to_target": elapsed, "wall_seconds_to_target": wall,
                 "epochs_run": self.epochs, "evaluations": self.evaluations,
                 "mean_train_epoch_seconds": self.train_seconds / max(1, self.epochs),
                 "eval_seconds": self.eval_seconds,
@@ -268,7 +303,7 @@ class Trainer:
         self.state = TrainerState()
         self.position = "before the first epoch"  # for a failure message ("in epoch 3 of 200, ...")
         self.checkpoint_epoch = 0  # epoch of the last checkpoint saved or loaded (0: none)
-        self.clock = RunClock()
+        self.clock = RunClock(method.config.target_val_f1)
 
     @property
     def config(self) -> TrainConfig:
@@ -325,10 +360,10 @@ class Trainer:
             table = self.comm.gather_rows(torch.from_numpy(stats))
             self.state.epoch = epoch
             if self.comm.is_server:
-                self._record_epoch(epoch, float(np.mean(losses)), scores, table.numpy(),
-                                   counters)
                 self.clock.add_epoch(train_seconds, epoch_seconds - train_seconds,
                                      scores is not None, table.numpy())
+                self._record_epoch(epoch, float(np.mean(losses)), scores, table.numpy(),
+                                   counters)
             if config.checkpoint_every and epoch % config.checkpoint_every == 0:
                 self.position = f"while writing the checkpoint of epoch {epoch}"
                 self.save_checkpoint()
@@ -337,9 +372,13 @@ class Trainer:
 
     def _record_epoch(self, epoch: int, loss: float, scores: dict[str, float] | None,
                       table: np.ndarray, counters: dict[str, int]) -> None:
-        record: dict[str, Any] = {"epoch": epoch, "loss": loss, **counters}
+        record: dict[str, Any] = {"epoch": epoch, "loss": loss, **counters,
+                                  # the server's clocks through this epoch (RunClock)
+                                  "elapsed_seconds": self.clock.elapsed,
+                                  "wall_seconds": self.clock.wall}
         if scores is not None:
             record.update(scores)
+            self.clock.check_target(epoch, scores["val_micro_f1"])
             if scores["val_micro_f1"] > self.state.best.val:
                 self.state.best = BestScore(scores["val_micro_f1"], scores["test_micro_f1"], epoch,
                                             scores["train_micro_f1"])
@@ -377,6 +416,9 @@ class Trainer:
         ids = (self.comm.gatherv_rows(torch.from_numpy(self.graph.global_id[:, None]
                                                        .astype(np.int64)))
                if logits_local is not None else None)
+        # what a method reports of each rank (its tensors' bytes by kind: mpifgl.tensor_memory)
+        reports = (self.comm.gather_objects(self.method.rank_report())
+                   if hasattr(self.method, "rank_report") else None)
         if not self.comm.is_server:
             return None
         assert self.run_dir is not None
@@ -391,6 +433,8 @@ class Trainer:
         final = {"test_micro_f1": best.test, "best_val_micro_f1": best.val,
                  "best_train_micro_f1": best.train, "best_epoch": best.epoch,
                  "epochs": self.config.epochs, **self.run_info, **self.clock.summary()}
+        if reports is not None:
+            final["rank_reports"] = reports
         self.run_dir.write_json("final.json", final)
         return final
 
@@ -422,7 +466,7 @@ class Trainer:
         payload = {"config": self.config.to_dict(), "epoch": self.state.epoch,
                    "best": vars(self.state.best), "model": on_host(self.model.state_dict()),
                    "optimizer": on_host(self.method.optimizer.state_dict()), "rng": states,
-                   "world_size": self.comm.size,
+                   "world_size": self.comm.size, "clock": self.clock.state(),
                    # which shards it was trained on: --resume refuses others
                    "shards_fingerprint": self.run_info.get("shards_fingerprint"),
                    "shards_description": self.run_info.get("shards_description")}
@@ -438,5 +482,6 @@ class Trainer:
         self.model.load_state_dict(payload["model"])
         self.method.optimizer.load_state_dict(payload["optimizer"])
         self.state = TrainerState(payload["epoch"], BestScore(**payload["best"]))
+        self.clock.restore(payload.get("clock"))  # absent in checkpoints written before it
         self.checkpoint_epoch = self.state.epoch
         self._restore_rank_state(mine)
