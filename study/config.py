@@ -91,8 +91,9 @@ class StudyArgs:
     epochs: int | None = option(None, "epochs of Table 2/5 runs (default 200, the paper's; "
                                       "quick: 2)")
     figure_epochs: int | None = option(None, "epochs of the figure runs (default 200; quick: 2)")
-    figure_datasets: tuple[str, ...] | None = option(None, "datasets of figures 3-6 and table 3 (default: "
-                                               "cora, else the first of --datasets)")
+    figure_datasets: tuple[str, ...] | None = option(None, "datasets of figures 3-6 and table 3 "
+                                                           "(default: cora, else the first of "
+                                                           "--datasets)")
     ablation_datasets: tuple[str, ...] | None = option(None, "datasets of table 5 (default: cora)")
     clients: tuple[int, ...] | None = option(None, "figure 3 client counts (default 4,8,16,32, "
                                                    "the paper's)")

@@ -159,7 +159,8 @@ class _BlockRowGCNLayer(torch.autograd.Function):
     """Z_b = (Â H)_b W^T + bias, with CAGNET's backward (module docstring)."""
 
     @staticmethod
-    def forward(ctx, h, weight, bias, schedule: BlockRowSchedule, layer: int):  # type: ignore[override]
+    def forward(ctx, h, weight, bias, schedule: BlockRowSchedule,  # type: ignore[override]
+                layer: int):
         aggregated = schedule.spmm(h)
         ctx.save_for_backward(h, weight)
         ctx.schedule, ctx.layer = schedule, layer
@@ -219,7 +220,8 @@ class CAGNETMethod:
         self.schedule = BlockRowSchedule(blocks, sizes, block, columns, rows, self.dtype,
                                          self.device, max(self.model.widths))
         def cat(name: str) -> np.ndarray:  # with c = 1 the shard's own arrays, not a copy
-            return shards[0][name] if len(shards) == 1 else np.concatenate([s[name] for s in shards])
+            parts = [s[name] for s in shards]
+            return parts[0] if len(parts) == 1 else np.concatenate(parts)
         self.x = torch.from_numpy(np.ascontiguousarray(cat("x"))).to(self.dtype).to(self.device)
         self.y = torch.from_numpy(cat("y")).to(self.device)
         self.train_mask = torch.from_numpy(cat("train")).to(self.device)
