@@ -12,7 +12,7 @@ last only. The epochs without evaluation give each client's measured bytes (metr
 per_rank bytes_sent / bytes_received: every collective as the communicator counts it), printed
 beside two formulas:
 
-  exact    ``mpifgl.methods.cagnet.epoch_traffic``: the schedule's collectives with our block
+  exact    ``mpifgl.methods.cagnet.step_traffic``: the schedule's collectives with our block
            sizes (block rows cut at client boundaries) and layer widths, counted as logical
            payload (a broadcast's root sends a copy to each other rank, an allreduce sends and
            receives its buffer): forward, the SpMM of each layer's input (widths d_0..d_{L-1}),
@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.bench_products import run_command  # noqa: E402
 from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option  # noqa: E402
-from mpifgl.methods.cagnet import block_sizes, epoch_traffic, stage_blocks  # noqa: E402
+from mpifgl.methods.cagnet import block_sizes, step_traffic, stage_blocks  # noqa: E402
 from study import rundir  # noqa: E402
 from study.runner import subprocess_env  # noqa: E402
 
@@ -144,7 +144,7 @@ def main() -> int:
             if found is None:
                 lines.append(f"M={clients} c={c}: {outcome.status}")
                 continue
-            exact = epoch_traffic(sizes, c, widths, itemsize)
+            exact = step_traffic(sizes, c, widths, itemsize)
             volume = volume_formula(sum(sizes), clients, c, widths, itemsize)
             own = own_broadcasts(sizes, c, widths, itemsize)
             for client, ((sent, received), (x_sent, x_received)) in enumerate(zip(found, exact)):

@@ -76,7 +76,7 @@ def block_sizes(client_sizes: np.ndarray, replicas: int) -> np.ndarray:
     return np.asarray(client_sizes, np.int64).reshape(-1, replicas).sum(axis=1)
 
 
-def epoch_traffic(client_sizes: np.ndarray, replicas: int, widths: list[int], itemsize: int,
+def step_traffic(client_sizes: np.ndarray, replicas: int, widths: list[int], itemsize: int,
                   ) -> list[tuple[int, int]]:
     """(bytes sent, bytes received) of each client in one training step, as the communicator
     counts them (``broadcast_traffic``, ``allreduce_traffic``): the SpMM of every layer's input

@@ -1,7 +1,7 @@
 """CAGNET under mpirun (mpifgl/methods/cagnet.py): with 2 and 4 clients and replication 1 and 2,
 its loss, every weight gradient and the logits equal the program's centralized full batch in
 float64 to 1e-10, every rank's parameters stay bit-identical over steps, and each rank's bytes
-per step are the schedule's (``epoch_traffic``) exactly (tests/unit/mpifgl/methods/test_cagnet.py
+per step are the schedule's (``step_traffic``) exactly (tests/unit/mpifgl/methods/test_cagnet.py
 has the same in threads, and the trained runs)."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fgl_common.shard_format import read_manifest
-from mpifgl.methods.cagnet import epoch_traffic
+from mpifgl.methods.cagnet import step_traffic
 from tests.helpers.exactness import assert_close, centralized_reference
 from tests.helpers.graphs import random_parts, write_shards
 from tests.helpers.mpi import MPI_SCRIPTS, run_mpi
@@ -40,4 +40,4 @@ def test_cagnet_equals_centralized_under_mpirun(toy_graph, tmp_path, num_clients
         parameters = results[f"c{c}_parameters"]  # the server's row 0 included
         assert all(np.array_equal(row, parameters[0]) for row in parameters), f"c={c}"
         assert results[f"c{c}_traffic"].tolist() == \
-            [list(t) for t in epoch_traffic(sizes, c, widths, 8)], f"c={c} bytes"
+            [list(t) for t in step_traffic(sizes, c, widths, 8)], f"c={c} bytes"

@@ -15,7 +15,7 @@ from fgl_common.shard_format import read_manifest
 from mpifgl.config import TrainConfig
 from mpifgl.graph import ClientGraph
 from mpifgl.methods import build_trainer
-from mpifgl.methods.cagnet import epoch_traffic, stage_blocks
+from mpifgl.methods.cagnet import step_traffic, stage_blocks
 from mpifgl.model import flatten
 from tests.helpers.exactness import (assert_close, centralized_reference, flat_grads,
                                      gather_in_global_order)
@@ -43,7 +43,7 @@ def test_the_traffic_formula_by_hand():
     """1D, 2 clients of 5 and 7 nodes, one layer 2 -> 3, float64: client 0 broadcasts its H
     (80 bytes) and its G (120) and receives client 1's (112, 168); both allreduce the 9
     gradients (72) and the loss (8); client 0 sends the server the gradients and loss (80)."""
-    assert epoch_traffic(np.asarray([5, 7]), 1, [2, 3], 8) == [(360, 360), (360, 280)]
+    assert step_traffic(np.asarray([5, 7]), 1, [2, 3], 8) == [(360, 360), (360, 280)]
 
 
 def cagnet_config(shard_dir, replication: int, **flags) -> TrainConfig:
@@ -89,7 +89,7 @@ def test_a_cagnet_step_equals_the_centralized_one(toy_graph, tmp_path, num_clien
     assert all(np.array_equal(rank[4], found[0][4]) for rank in found), "parameters differ"
     widths = [toy_graph.x.shape[1]] + [16] * (LAYERS - 1) + [toy_graph.num_classes]
     sizes = np.asarray(read_manifest(shard_dir).client_sizes())
-    assert [rank[3] for rank in found[1:]] == epoch_traffic(sizes, replication, widths, 8)
+    assert [rank[3] for rank in found[1:]] == step_traffic(sizes, replication, widths, 8)
 
 
 def test_the_replicas_of_a_block_row_draw_the_same_dropout_masks(toy_graph, tmp_path):
