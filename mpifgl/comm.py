@@ -28,7 +28,8 @@ for _name, _value in RUNTIME_TUNING.items():
 from mpi4py import MPI  # noqa: E402
 
 from fgl_common.arrays import offsets  # noqa: E402
-from mpifgl.communicator import SERVER_RANK, TrafficCounters, client_of_rank  # noqa: E402
+from mpifgl.communicator import (SERVER_RANK, TrafficCounters, allreduce_traffic,  # noqa: E402
+                                 broadcast_traffic, client_of_rank)
 
 ABORT_PAUSE_SECONDS = 0.2
 
@@ -293,6 +294,67 @@ class MPICommunicator(TrafficCounters):
         sys.stderr.flush()
         time.sleep(ABORT_PAUSE_SECONDS)
         self.comm.Abort(code)
+
+    # -- groups of ranks (CAGNET's row and column groups) ---------------------------------------
+    def split(self, color: int, key: int) -> "GroupCommunicator | None":
+        """MPI_Comm_split (collective, at set-up): the ranks of one ``color`` >= 0, ordered by
+        ``key``; None for a negative color (MPI_UNDEFINED)."""
+        group = self.comm.Split(color if color >= 0 else MPI.UNDEFINED, key)
+        if group == MPI.COMM_NULL:
+            return None
+        return GroupCommunicator(group, self)
+
+    def broadcast_buffer(self, buffer: torch.Tensor, root: int) -> torch.Tensor:
+        """MPI_Bcast of rank ``root``'s buffer into every rank's, in place (host memory, one
+        shape and dtype everywhere)."""
+        array, mpi_type = _buffer(_in_place(buffer, "broadcast_buffer"))
+        _checked_counts(np.asarray([array.size]))
+        self._timed(self.comm.Ibcast, [array, mpi_type], root)
+        self._count(*broadcast_traffic(array.nbytes, self.size, self.rank == root))
+        return buffer
+
+    def allreduce_sum(self, buffer: torch.Tensor) -> torch.Tensor:
+        """MPI_Allreduce(SUM) of one buffer shape, in place on every rank."""
+        array, mpi_type = _buffer(_in_place(buffer, "allreduce_sum"))
+        _checked_counts(np.asarray([array.size]))
+        self._timed(self.comm.Iallreduce, MPI.IN_PLACE, [array, mpi_type], MPI.SUM)
+        self._count(*allreduce_traffic(array.nbytes, self.size))
+        return buffer
+
+
+def _in_place(buffer: torch.Tensor, call: str) -> torch.Tensor:
+    """``buffer`` itself, refused when it is not contiguous: MPI would write into a copy."""
+    if not buffer.is_contiguous():
+        raise ValueError(f"{call}: the buffer must be contiguous (MPI writes into it in place)")
+    return buffer
+
+
+class GroupCommunicator(MPICommunicator):
+    """A communicator split from another (``MPICommunicator.split``): its collectives are the
+    same calls, waited on through the same ``_timed``, and every byte and second it counts is
+    also counted in its parent's counters, which the epoch's metrics read."""
+
+    def __init__(self, comm: "MPI.Comm", parent: MPICommunicator):
+        self.parent = parent
+        self._own_seconds = 0.0
+        super().__init__(comm)
+
+    @property
+    def seconds(self) -> float:  # type: ignore[override]
+        return self._own_seconds
+
+    @seconds.setter
+    def seconds(self, value: float) -> None:
+        self.parent.seconds += value - self._own_seconds  # a reset adds nothing (see below)
+        self._own_seconds = value
+
+    def reset_counters(self) -> None:
+        self._own_seconds = 0.0  # the setter then forwards no negative time to the parent
+        super().reset_counters()
+
+    def _count(self, sent: int, received: int) -> None:
+        super()._count(sent, received)
+        self.parent._count(sent, received)
 
 
 def world() -> MPICommunicator:

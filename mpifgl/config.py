@@ -24,6 +24,7 @@ DTYPES = ("float32", "float64")
 SECURE_ALGOS = maskable(METHODS)
 SECURE_EXCHANGES = maskable(EXCHANGES)
 EXACT_FIRST_ALGOS = tuple(name for name, method in METHODS.items() if method.whole_graph_gnn)
+CAGNET_ALGO = "cagnet"  # the method --replication belongs to
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,8 @@ class TrainConfig:
     # Method
     algo: str = option("ours", "ours = distributed model over MPI; centralized = same model code "
                                "on the whole graph in one process (the reference); baselines: "
-                               "graphsage, graphsaint (centralized), fedavg, fedavg-nc, bns "
-                               "(over MPI); see docs/algorithms.md", tuple(METHODS))
+                               "graphsage, graphsaint (centralized), fedavg, fedavg-nc, bns, "
+                               "cagnet (over MPI); see docs/algorithms.md", tuple(METHODS))
     backbone: str = option("gcn", "; ".join(f"{e.name} = {e.summary}" for e in BACKBONES.values())
                            + ". gcn is the paper's; with sage the paper's sampler kept its margin "
                              "over centralized on a products-like proxy where gcn's collapsed "
@@ -114,6 +115,10 @@ class TrainConfig:
     nc_fraction: float = option(0.2, "fedavg-nc: fraction of one-hop cross-client neighbours each "
                                      "client collects (paper: 20%)")
     boundary_p: float = option(0.1, "bns: probability of keeping a boundary node (BNS-GCN's p)")
+    replication: int = option(2, "cagnet: replication factor c of CAGNET's 1.5D algorithm: the "
+                                 "m clients form m/c block rows of c ranks each, which hold the "
+                                 "same rows (c times the memory, about 1/c of the broadcast "
+                                 "bytes); c must divide m; 1 = CAGNET's 1D algorithm")
     fanouts: tuple[int, ...] = option((25, 10), "graphsage: neighbours sampled per layer, "
                                                 "comma-separated")
     batch_size: int = option(512, "graphsage: seed nodes per mini-batch; graphsaint: walk roots "
@@ -151,6 +156,9 @@ class TrainConfig:
     checkpoint_every: int = option(0, "write an atomic checkpoint every K epochs (0: never)")
     resume: str = option("", "continue the run in this run directory from its last checkpoint, "
                              "in the same directory (never a finished run), or into --out")
+    target_val_f1: float = option(0.0, "a validation micro-F1 in (0, 1]: final.json and the last "
+                                       "line give the epoch and the seconds at which an "
+                                       "evaluation first reached it (time to accuracy); 0: none")
     log_every: int = option(1, "print one line every this many epochs on rank 0")
     verbose: bool = option(False, "print the Python traceback with an error message (without it: "
                                   "one line naming the rank, the file and the reason)")
@@ -223,12 +231,34 @@ class TrainConfig:
         need(self.local_epochs >= 1, "local-epochs", self.local_epochs, "an integer >= 1")
         need(0.0 <= self.nc_fraction <= 1.0, "nc-fraction", self.nc_fraction, "a fraction in [0, 1]")
         need(0.0 < self.boundary_p <= 1.0, "boundary-p", self.boundary_p, "a probability in (0, 1]")
+        need(self.replication >= 1, "replication", self.replication, "an integer >= 1")
+        need(0.0 <= self.target_val_f1 <= 1.0, "target-val-f1", self.target_val_f1,
+             "a micro-F1 in (0, 1], or 0 for none")
+        if self.algo == CAGNET_ALGO:
+            need(self.backbone == "gcn", "backbone", self.backbone,
+                 "gcn with --algo cagnet (CAGNET trains GCN layers)")
         need(self.batch_size >= 1, "batch-size", self.batch_size, "an integer >= 1")
         need(self.walk_length >= 1, "walk-length", self.walk_length, "an integer >= 1")
         need(self.saint_coverage >= 0, "saint-coverage", self.saint_coverage, "a number >= 0")
         need(bool(self.fanouts) and all(v >= 1 for v in self.fanouts), "fanouts",
              ",".join(map(str, self.fanouts)),
              "comma-separated integers >= 1, one per layer (e.g. 25,10)")
+
+    def check_method_settings(self) -> None:
+        """Raise ValueError where a flag clashes with the method (checked once the method's
+        defaults are applied: ``mpifgl.registry.Method.with_defaults``)."""
+        if self.algo == CAGNET_ALGO and self.sampling != "none":
+            raise ValueError(f"--sampling is {self.sampling!r}, expected none with --algo "
+                             "cagnet (CAGNET is exact full-batch training)")
+
+    def check_clients(self, num_clients: int, shards: str) -> None:
+        """Raise ValueError where a flag does not fit the shards' number of clients (checked
+        once the manifest is read, on every rank alike)."""
+        if self.algo == CAGNET_ALGO and num_clients % self.replication:
+            divisors = [c for c in range(1, num_clients + 1) if num_clients % c == 0]
+            raise ValueError(f"--replication is {self.replication}, expected a divisor of the "
+                             f"{num_clients} clients of {shards}: one of "
+                             f"{', '.join(map(str, divisors))}")
 
     @property
     def weight_seed(self) -> int:

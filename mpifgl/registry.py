@@ -78,6 +78,11 @@ METHODS: dict[str, Method] = _table(
     Method("bns", "mpifgl.methods.bns:build_bns",
            "BNS-GCN boundary-node sampling in the distributed model (Wan et al., MLSys 2022)",
            maskable=True, whole_graph_gnn=True),
+    # exact full batch with GCN layers only: --sampling none is its one setting
+    Method("cagnet", "mpifgl.methods.cagnet:build_cagnet",
+           "CAGNET 1.5D full-batch GCN over the client ranks: block rows, broadcasts in column "
+           "groups, allreduce in row groups (Tripathy, Yelick, Buluc, SC 2020)",
+           defaults=(("sampling", "none"),)),
 )
 
 BACKBONES: dict[str, Entry] = _table(

@@ -213,11 +213,16 @@ class BestScore:
 class RunClock:
     """What the run's summary says (the server's view): wall time since set-up began, the
     training and evaluation time of the epochs this process ran, bytes and peak memory per
-    rank. A resumed run continues its checkpoint's record: ``earlier`` holds the figures of
-    the parts before (each up to the checkpoint the next one continued from), so the totals of
-    ``summary`` (final.json) cover the whole run and ``parts`` says them apart."""
+    rank, and when the validation micro-F1 first reached ``--target-val-f1``. A resumed run
+    continues its checkpoint's record: ``earlier`` holds the figures of the parts before (each
+    up to the checkpoint the next one continued from), so the totals of ``summary``
+    (final.json) cover the whole run and ``parts`` says them apart.
 
-    def __init__(self) -> None:
+    Time to accuracy counts two clocks, both of the server: ``elapsed`` = the training and
+    evaluation seconds of every epoch so far (set-up, logging and checkpoints left out), and
+    ``wall`` = seconds since the process started (set-up included), each over every part."""
+
+    def __init__(self, target_val_f1: float = 0.0) -> None:
         self.started = time.perf_counter()
         self.epochs = self.evaluations = 0
         self.train_seconds = self.eval_seconds = 0.0
@@ -225,6 +230,25 @@ class RunClock:
         self.peak_rss_mb: np.ndarray | None = None
         self.earlier: list[dict[str, Any]] = []  # the parts before a resume (its checkpoint's)
         self.first_epoch = 1  # of this part
+        self.target_val_f1 = target_val_f1
+        # (epoch, elapsed, wall) of the first evaluation at or above the target; None: not yet
+        self.reached: tuple[int, float, float] | None = None
+
+    @property
+    def elapsed(self) -> float:
+        """Training and evaluation seconds of every epoch of the run so far, all parts."""
+        return (sum(p["train_seconds"] + p["eval_seconds"] for p in self.earlier)
+                + self.train_seconds + self.eval_seconds)
+
+    @property
+    def wall(self) -> float:
+        """Seconds since the run's first process started, all parts (set-up included)."""
+        return sum(p["wall_seconds"] for p in self.earlier) + time.perf_counter() - self.started
+
+    def check_target(self, epoch: int, val_micro_f1: float) -> None:
+        """Note the first epoch whose evaluation reaches the target (after add_epoch)."""
+        if self.target_val_f1 > 0 and self.reached is None and val_micro_f1 >= self.target_val_f1:
+            self.reached = (epoch, self.elapsed, self.wall)
 
     def add_epoch(self, train_seconds: float, eval_seconds: float, evaluated: bool,
                   table: np.ndarray) -> None:
@@ -251,11 +275,14 @@ class RunClock:
 
     def record(self, last_epoch: int, identity: dict[str, Any]) -> dict[str, Any]:
         """What a checkpoint carries, so that a resume adds to it: every part so far."""
-        return {"parts": self.earlier + [self.part(last_epoch, identity)]}
+        return {"parts": self.earlier + [self.part(last_epoch, identity)],
+                "reached": self.reached}
 
     def resume_from(self, record: dict[str, Any] | None, epoch: int) -> None:
         self.earlier = list((record or {}).get("parts", []))
         self.first_epoch = epoch + 1
+        reached = (record or {}).get("reached")
+        self.reached = tuple(reached) if reached else None
 
     def summary(self, last_epoch: int, identity: dict[str, Any]) -> dict[str, Any]:
         parts = self.record(last_epoch, identity)["parts"]
@@ -265,7 +292,10 @@ class RunClock:
                  if p["bytes_per_rank"]]
         peaks = [np.asarray(p["peak_rss_mb_per_rank"]) for p in parts
                  if p["peak_rss_mb_per_rank"]]
+        epoch, elapsed, wall = self.reached if self.reached else (None, None, None)
         return {"wall_seconds": sum(p["wall_seconds"] for p in parts),
+                "target_val_micro_f1": self.target_val_f1 or None, "target_epoch": epoch,
+                "seconds_to_target": elapsed, "wall_seconds_to_target": wall,
                 "epochs_run": epochs, "evaluations": sum(p["evaluations"] for p in parts),
                 "train_seconds": train, "mean_train_epoch_seconds": train / max(1, epochs),
                 "eval_seconds": sum(p["eval_seconds"] for p in parts),
@@ -298,7 +328,7 @@ class Trainer:
         self.state = TrainerState()
         self.position = "before the first epoch"  # for a failure message ("in epoch 3 of 200, ...")
         self.checkpoint_epoch = 0  # epoch of the last checkpoint saved or loaded (0: none)
-        self.clock = RunClock()
+        self.clock = RunClock(method.config.target_val_f1)
 
     @property
     def config(self) -> TrainConfig:
@@ -355,10 +385,10 @@ class Trainer:
             table = self.comm.gather_rows(torch.from_numpy(stats))
             self.state.epoch = epoch
             if self.comm.is_server:
-                self._record_epoch(epoch, float(np.mean(losses)), scores, table.numpy(),
-                                   counters)
                 self.clock.add_epoch(train_seconds, epoch_seconds - train_seconds,
                                      scores is not None, table.numpy())
+                self._record_epoch(epoch, float(np.mean(losses)), scores, table.numpy(),
+                                   counters)
             if config.checkpoint_every and epoch % config.checkpoint_every == 0:
                 self.position = f"while writing the checkpoint of epoch {epoch}"
                 self.save_checkpoint()
@@ -367,9 +397,13 @@ class Trainer:
 
     def _record_epoch(self, epoch: int, loss: float, scores: dict[str, float] | None,
                       table: np.ndarray, counters: dict[str, int]) -> None:
-        record: dict[str, Any] = {"epoch": epoch, "loss": loss, **counters}
+        record: dict[str, Any] = {"epoch": epoch, "loss": loss, **counters,
+                                  # the server's clocks through this epoch (RunClock)
+                                  "elapsed_seconds": self.clock.elapsed,
+                                  "wall_seconds": self.clock.wall}
         if scores is not None:
             record.update(scores)
+            self.clock.check_target(epoch, scores["val_micro_f1"])
             if scores["val_micro_f1"] > self.state.best.val:
                 self.state.best = BestScore(scores["val_micro_f1"], scores["test_micro_f1"], epoch,
                                             scores["train_micro_f1"])
@@ -407,6 +441,9 @@ class Trainer:
         ids = (self.comm.gatherv_rows(torch.from_numpy(self.graph.global_id[:, None]
                                                        .astype(np.int64)))
                if logits_local is not None else None)
+        # what a method reports of each rank (its tensors' bytes by kind: mpifgl.tensor_memory)
+        reports = (self.comm.gather_objects(self.method.rank_report())
+                   if hasattr(self.method, "rank_report") else None)
         if not self.comm.is_server:
             return None
         assert self.run_dir is not None
@@ -422,6 +459,8 @@ class Trainer:
                  "best_train_micro_f1": best.train, "best_epoch": best.epoch,
                  "epochs": self.config.epochs, **self.run_info,
                  **self.clock.summary(self.state.epoch, self._identity())}
+        if reports is not None:
+            final["rank_reports"] = reports
         self.run_dir.write_json("final.json", final)
         return final
 

@@ -185,10 +185,10 @@ def build_plan(config: StudyConfig, lr_of: Callable[[str, str], float],
                         run = plan.add(spec(dataset, method, config.main_clients, seed, e,
                                             partition), "fig4")
                         with_bias(run, "fig4", e)
-            if "table4" in sections:
+            if "table3" in sections:
                 for clients in config.overhead_clients:
-                    for method in methods_of("table4"):
-                        plan.add(spec(dataset, method, clients, seed, e), "table4")
+                    for method in methods_of("table3"):
+                        plan.add(spec(dataset, method, clients, seed, e), "table3")
             if "fig6" in sections:
                 for method in methods_of("fig6"):
                     plan.add(spec(dataset, method, config.main_clients, seed, e), "fig6")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -155,3 +156,20 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def program(monkeypatch, capsys):
+    """``python -m mpifgl.train ARGS`` in this process: (exit status, its stderr lines). The
+    signal handlers it installs are put back afterwards."""
+    from mpifgl import train
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def run(*argv) -> tuple[int, list[str]]:
+        capsys.readouterr()
+        status = train.main([str(a) for a in argv])
+        return status, capsys.readouterr().err.strip().splitlines()
+
+    yield run
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from mpifgl.communicator import Communicator
 from mpifgl.graph import ClientGraph, build_operator
 from mpifgl.model import flatten, make_features, unflatten
+from mpifgl.tensor_memory import SavedActivations, held_adjacency, tensor_report
 from mpifgl.trainer import RankSetup
 
 # -- aggregation: pure functions (tested with hand-computed values) ------------------------------
@@ -155,6 +156,9 @@ class FedAvgMethod:
         self.local_operator = build_operator(self.local.graph, config.backbone, None, None,
                                              setup.dtype, False, device)
         self.weight = float(graph.train_mask.sum())  # n_i: local training nodes
+        self.activations = SavedActivations([*self.model.parameters(), self.local_x]
+                                            if isinstance(self.local_x, torch.Tensor)
+                                            else self.model.parameters())
 
     def _collect_neighbours(self) -> LocalGraph:
         """Collective: chosen neighbours' features come from their owners via the server."""
@@ -173,8 +177,9 @@ class FedAvgMethod:
         """One full-batch step on the local graph with this client's own optimizer."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
-        logits = self.model(self.local_x, self.local_operator, self.setup.dropout_rng)
-        loss = F.cross_entropy(logits[self.local_train], self.local_y[self.local_train])
+        with self.activations.measure():
+            logits = self.model(self.local_x, self.local_operator, self.setup.dropout_rng)
+            loss = F.cross_entropy(logits[self.local_train], self.local_y[self.local_train])
         loss.backward()
         self.optimizer.step()
         return float(loss.detach())
@@ -202,6 +207,18 @@ class FedAvgMethod:
     def full_logits(self) -> torch.Tensor:
         self.model.eval()
         return self.model(self.local_x, self.local_operator)[:self.local.num_own]
+
+    # -- what the run reports -------------------------------------------------------------------
+    def rank_report(self) -> dict[str, Any]:
+        """This rank's tensors by kind (``mpifgl.tensor_memory.tensor_report``): its local
+        graph's features and operator beside the shard it loaded, autograd's saved tensors,
+        and the round's two flat float64 vectors (its contribution and the sum)."""
+        parameters = sum(p.numel() for p in self.model.parameters())
+        return {"tensor_bytes": tensor_report(
+            [self.setup.graph.x, self.local.x, self.local_x],
+            [held_adjacency(self.setup.graph), held_adjacency(self.local.graph),
+             self.local_operator.inner], self.activations.peak, None, self.model,
+            self.optimizer, more_buffer_bytes=2 * (parameters + 2) * 8)}
 
     # -- checkpoints: every client's Adam state is its own --------------------------------------
     def rank_state(self) -> dict[str, Any]:

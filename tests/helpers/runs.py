@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tests.helpers.thread_comm import ThreadWorld
+
 TRAIN = ["-m", "mpifgl.train"]
 TINY = ["--hidden", "8", "--log-every", "100", "--save-logits", "--force"]
 
@@ -40,3 +42,22 @@ def run_ok(done: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     assert done.returncode == 0, \
         f"exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
     return done
+
+
+def threaded_program(argv: list, ranks: int) -> list[int]:
+    """``mpirun -n RANKS python -m mpifgl.train ARGV`` with the ranks as threads: every rank's
+    exit status."""
+    from mpifgl import train
+    from mpifgl.methods import get_method
+    argv = [str(a) for a in argv]
+    config = train.parse_args(argv, quiet=True)
+    explicit = train.explicit_dests(train.build_parser(), argv)
+    config = get_method(config.algo).with_defaults(config, explicit)
+    config.check_method_settings()
+
+    def body(comm):
+        progress = train.RankProgress(config)
+        return train.run_rank(comm, progress, lambda: train.train(config, comm, progress,
+                                                                  explicit))
+
+    return ThreadWorld(ranks).run(body)

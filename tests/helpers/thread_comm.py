@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from mpifgl.communicator import TrafficCounters
+from mpifgl.communicator import TrafficCounters, allreduce_traffic, broadcast_traffic
 
 BARRIER_SECONDS = 120.0
 
@@ -31,6 +31,9 @@ class ThreadWorld:
         # every array the server received from a client (gatherv, sums): what it "sees"
         self.server_received: list[tuple[str, int, np.ndarray]] = []
         self.max_to_all_calls = 0  # the agreements --secure needs beyond the sums themselves
+        # the groups split from this world (ThreadComm.split): (split number, color) -> world
+        self.groups: dict[tuple[int, int], ThreadWorld] = {}
+        self.lock = threading.Lock()
 
     def run(self, body: Callable[["ThreadComm"], Any]) -> list[Any]:
         results: list[Any] = [None] * self.size
@@ -58,8 +61,10 @@ class ThreadWorld:
 class ThreadComm(TrafficCounters):
     """One rank's side; implements every member of mpifgl.communicator.Communicator."""
 
-    def __init__(self, world: ThreadWorld, rank: int):
+    def __init__(self, world: ThreadWorld, rank: int, parent: "ThreadComm | None" = None):
         self.world = world
+        self.parent = parent  # a group's traffic is counted in its parent's too, as MPI's
+        self._splits = 0  # splits made so far: every rank makes them in the same order
         self.rank = rank
         self.size = world.size
         self.client_id = rank - 1
@@ -175,3 +180,40 @@ class ThreadComm(TrafficCounters):
     def abort(self, code: int = 1) -> None:
         self.world.barrier.abort()
         raise RuntimeError(f"rank {self.rank} aborted with status {code}")
+
+    # -- groups of ranks: counted as mpifgl.comm counts them ---------------------------------
+    def _count(self, sent: int, received: int) -> None:
+        self.bytes_sent += int(sent)
+        self.bytes_received += int(received)
+        if self.parent is not None:
+            self.parent._count(sent, received)
+
+    def split(self, color: int, key: int) -> "ThreadComm | None":
+        shared = self._share((color, key))
+        number, self._splits = self._splits, self._splits + 1
+        if color < 0:
+            return None
+        members = sorted((k, r) for r, (c, k) in enumerate(shared) if c == color)
+        with self.world.lock:
+            group = self.world.groups.setdefault((number, color), ThreadWorld(len(members)))
+        return ThreadComm(group, members.index((key, self.rank)), parent=self)
+
+    def broadcast_buffer(self, buffer: torch.Tensor, root: int) -> torch.Tensor:
+        assert buffer.is_contiguous(), "broadcast_buffer needs a contiguous buffer"
+        shared = self._share(buffer.numpy().copy() if self.rank == root else None)
+        if self.rank != root:
+            assert shared[root].shape == tuple(buffer.shape), (shared[root].shape, buffer.shape)
+            buffer.copy_(torch.from_numpy(shared[root]))
+        self._count(*broadcast_traffic(buffer.numel() * buffer.element_size(), self.size,
+                                       self.rank == root))
+        return buffer
+
+    def allreduce_sum(self, buffer: torch.Tensor) -> torch.Tensor:
+        assert buffer.is_contiguous(), "allreduce_sum needs a contiguous buffer"
+        shared = self._share(buffer.numpy().copy())
+        total = shared[0].copy()
+        for value in shared[1:]:
+            total += value  # rank order on every rank: the same bits everywhere
+        buffer.copy_(torch.from_numpy(total))
+        self._count(*allreduce_traffic(buffer.numel() * buffer.element_size(), self.size))
+        return buffer

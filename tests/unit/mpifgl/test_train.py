@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import socket
 import subprocess
 
@@ -15,6 +14,7 @@ import pytest
 from mpifgl.config import TrainConfig
 from tests.helpers import dead_pid
 from tests.helpers.graphs import random_parts, tamper_shard, write_shards
+from tests.helpers.runs import threaded_program
 from tests.helpers.thread_comm import ThreadWorld
 
 
@@ -47,23 +47,6 @@ def test_default_run_prepares_through_the_data_prep_program(tmp_path, monkeypatc
 
 
 # -- the program in-process, in one process (centralized) or in threads (ThreadWorld) -------------
-@pytest.fixture
-def program(monkeypatch, capsys):
-    """``python -m mpifgl.train ARGS`` in this process: (exit status, its stderr lines). The
-    signal handlers it installs are put back afterwards."""
-    from mpifgl import train
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def run(*argv) -> tuple[int, list[str]]:
-        capsys.readouterr()
-        status = train.main([str(a) for a in argv])
-        return status, capsys.readouterr().err.strip().splitlines()
-
-    yield run
-    for signum, handler in saved.items():
-        signal.signal(signum, handler)
-
-
 CENTRAL = ["--algo", "centralized", "--hidden", "8", "--log-every", "100"]
 
 
@@ -104,24 +87,6 @@ def test_a_resumed_run_with_history_continues_bit_for_bit(program, toy_shards, t
         return [(r["epoch"], r["loss"], r.get("test")) for r in rows]
 
     assert epochs(resumed) == epochs(straight)
-
-
-def threaded_program(argv: list, ranks: int) -> list[int]:
-    """``mpirun -n RANKS python -m mpifgl.train ARGV`` with the ranks as threads: every rank's
-    exit status."""
-    from mpifgl import train
-    from mpifgl.methods import get_method
-    argv = [str(a) for a in argv]
-    config = train.parse_args(argv, quiet=True)
-    explicit = train.explicit_dests(train.build_parser(), argv)
-    config = get_method(config.algo).with_defaults(config, explicit)
-
-    def body(comm):
-        progress = train.RankProgress(config)
-        return train.run_rank(comm, progress, lambda: train.train(config, comm, progress,
-                                                                  explicit))
-
-    return ThreadWorld(ranks).run(body)
 
 
 def test_a_resumed_secure_run_with_history_continues_bit_for_bit(toy_shards, tmp_path):
