@@ -305,7 +305,7 @@ class MPICommunicator(TrafficCounters):
     def wait_for_server(self, poll_seconds: float = 0.05) -> None:
         """A barrier that sleeps instead of spinning, so waiting clients leave the CPU to the
         server while it does long set-up work (e.g. preparing shards)."""
-        self.watchdog.wait = (self.name, "a barrier (the server's set-up)")
+        self.watchdog.wait = (self.name, "barrier")
         try:
             request = self.comm.Ibarrier()
             while not request.Test():

@@ -77,7 +77,7 @@ class SideChannel(Protocol):
 
 
 def collective_name(call: object) -> str:
-    """'reduce' for mpi4py's Ireduce, the text itself for a description."""
+    """'reduce' for mpi4py's Ireduce, 'bcast' for its bcast, a name given as text unchanged."""
     if isinstance(call, str):
         return call
     name = getattr(call, "__name__", type(call).__name__)
@@ -89,7 +89,7 @@ class Watchdog:
     communicators split from it). Inert until ``start``."""
 
     def __init__(self) -> None:
-        # The main thread's wait: (communicator name, the call or its description) while it is
+        # The main thread's wait: (communicator name, the call or its name) while it is
         # in one, None while it works; a new tuple for each wait, so the monitor tells them apart
         self.wait: tuple[str, object] | None = None
         self.channel: SideChannel | None = None
