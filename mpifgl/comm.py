@@ -9,11 +9,13 @@ Traffic is counted as logical payload per rank: what a rank contributes to a col
 """
 from __future__ import annotations
 
+import atexit
 import os
+import socket
 import sys
 import time
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -30,6 +32,7 @@ from mpi4py import MPI  # noqa: E402
 from fgl_common.arrays import offsets  # noqa: E402
 from mpifgl.communicator import (SERVER_RANK, TrafficCounters, allreduce_traffic,  # noqa: E402
                                  broadcast_traffic, client_of_rank)
+from mpifgl.watchdog import Stall, Watchdog  # noqa: E402
 
 ABORT_PAUSE_SECONDS = 0.2
 
@@ -70,12 +73,19 @@ class MPICommunicator(TrafficCounters):
 
     The hot-loop collectives are started non-blocking and waited on at once: same result, but
     Open MPI then runs its faster libnbc algorithms instead of the blocking "tuned" ones
-    (docs/training.md; benchmarks/bench_train.py measures the whole epoch)."""
+    (docs/training.md; benchmarks/bench_train.py measures the whole epoch).
+
+    Every call that waits for other ranks is marked on ``watchdog`` (mpifgl.watchdog), which a
+    communicator split from this one shares: pass ``watchdog=parent.watchdog`` and a ``name``
+    for the line that reports a stall ("row 2")."""
 
     is_single_process = False  # even at size 1: rank 0 is then a server without clients
 
-    def __init__(self, comm: "MPI.Comm | None" = None):
+    def __init__(self, comm: "MPI.Comm | None" = None, watchdog: Watchdog | None = None,
+                 name: str = "the world"):
         self.comm = comm if comm is not None else MPI.COMM_WORLD
+        self.watchdog = watchdog if watchdog is not None else Watchdog()
+        self.name = name
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self.client_id = client_of_rank(self.rank)
@@ -88,12 +98,25 @@ class MPICommunicator(TrafficCounters):
 
     # -- accounting ------------------------------------------------------------------------
     def _timed(self, start_collective, *args) -> None:
-        """Run one non-blocking collective to completion, counting its wall time."""
+        """Run one non-blocking collective to completion, counting its wall time; the watchdog
+        sees the wait."""
+        watchdog = self.watchdog
+        watchdog.wait = (self.name, start_collective)
         start = time.perf_counter()
         try:
             start_collective(*args).Wait()
         finally:
+            watchdog.wait = None
             self.seconds += time.perf_counter() - start
+
+    def _waiting(self, call: Callable, *args, **kwargs) -> Any:
+        """A blocking call that waits for other ranks (pickled collectives, splits), seen by the
+        watchdog like the buffer collectives; not counted as traffic."""
+        self.watchdog.wait = (self.name, call)
+        try:
+            return call(*args, **kwargs)
+        finally:
+            self.watchdog.wait = None
 
     # -- buffer collectives with counts (the cross-client exchange, mpifgl.exchange) ----------
     @contextmanager
@@ -249,7 +272,8 @@ class MPICommunicator(TrafficCounters):
         the row counts travel first, then the rows through ``gatherv``."""
         rows = rows.contiguous()
         width = rows.shape[1]
-        counts = np.asarray(self.comm.gather(rows.shape[0], root=SERVER_RANK) or [], np.int64)
+        counts = np.asarray(self._waiting(self.comm.gather, rows.shape[0], root=SERVER_RANK)
+                            or [], np.int64)
         flat = self.gatherv(rows, counts * width if self.is_server else None)
         if flat is None:
             return None
@@ -258,51 +282,60 @@ class MPICommunicator(TrafficCounters):
 
     # -- set-up, checkpoints, errors (pickled, rare) --------------------------------------------
     def broadcast_object(self, value: Any) -> Any:
-        return self.comm.bcast(value, root=SERVER_RANK)
+        return self._waiting(self.comm.bcast, value, root=SERVER_RANK)
 
     def gather_objects(self, value: Any) -> list[Any] | None:
-        return self.comm.gather(value, root=SERVER_RANK)
+        return self._waiting(self.comm.gather, value, root=SERVER_RANK)
 
     def scatter_objects(self, values: list[Any] | None) -> Any:
-        return self.comm.scatter(values, root=SERVER_RANK)
+        return self._waiting(self.comm.scatter, values, root=SERVER_RANK)
 
     def agree_on_errors(self, error: str | None) -> list[tuple[int, int, str]]:
         """Every rank learns every rank's set-up error (rank, client id, message), so all of
         them stop together."""
-        errors = self.comm.allgather(error)
+        errors = self._waiting(self.comm.allgather, error)
         return [(rank, client_of_rank(rank), message) for rank, message in enumerate(errors)
                 if message]
 
     def node_allgather(self, value: Any) -> list[Any]:
         """Every value of the ranks sharing this rank's node, in their node order."""
         if self._node is None:
-            self._node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
-        return self._node.allgather(value)
+            self._node = self._waiting(self.comm.Split_type, MPI.COMM_TYPE_SHARED, key=self.rank)
+        return self._waiting(self._node.allgather, value)
 
     def wait_for_server(self, poll_seconds: float = 0.05) -> None:
         """A barrier that sleeps instead of spinning, so waiting clients leave the CPU to the
         server while it does long set-up work (e.g. preparing shards)."""
-        request = self.comm.Ibarrier()
-        while not request.Test():
-            time.sleep(poll_seconds)
+        self.watchdog.wait = (self.name, "barrier")
+        try:
+            request = self.comm.Ibarrier()
+            while not request.Test():
+                time.sleep(poll_seconds)
+        finally:
+            self.watchdog.wait = None
+
+    def start_watchdog(self, timeout: Callable[[], float], report: Callable[[Stall], None]
+                       ) -> None:
+        """Start this process's watchdog (mpifgl.watchdog) with its own channel; collective on
+        this communicator, which must be the world (the channel names world ranks). It stops
+        before MPI is finalised."""
+        self.watchdog.start(WatchdogChannel(self.comm), timeout, report)
+        atexit.register(self.watchdog.stop)  # runs before mpi4py finalises MPI
 
     def abort(self, code: int = 1) -> None:
         """End the whole job from one rank (an exception must not leave the others hanging).
         The pause lets the launcher forward this rank's last message before Open MPI's own
         abort banner, which MPI_Abort always prints."""
-        sys.stdout.flush()
-        sys.stderr.flush()
-        time.sleep(ABORT_PAUSE_SECONDS)
-        self.comm.Abort(code)
+        _abort_after_the_last_line(self.comm, code)
 
     # -- groups of ranks (CAGNET's row and column groups) ---------------------------------------
     def split(self, color: int, key: int) -> "GroupCommunicator | None":
         """MPI_Comm_split (collective, at set-up): the ranks of one ``color`` >= 0, ordered by
         ``key``; None for a negative color (MPI_UNDEFINED)."""
-        group = self.comm.Split(color if color >= 0 else MPI.UNDEFINED, key)
+        group = self._waiting(self.comm.Split, color if color >= 0 else MPI.UNDEFINED, key)
         if group == MPI.COMM_NULL:
             return None
-        return GroupCommunicator(group, self)
+        return GroupCommunicator(group, self, f"group {color} of {self.name}")
 
     def broadcast_buffer(self, buffer: torch.Tensor, root: int) -> torch.Tensor:
         """MPI_Bcast of rank ``root``'s buffer into every rank's, in place (host memory, one
@@ -322,6 +355,45 @@ class MPICommunicator(TrafficCounters):
         return buffer
 
 
+class WatchdogChannel:
+    """The watchdog's messages (``mpifgl.watchdog.SideChannel``) on a copy of the world, so they
+    never match the program's own traffic; only the monitor thread uses it (MPI_THREAD_MULTIPLE,
+    which mpi4py asks for by default)."""
+
+    TAG = 1
+
+    def __init__(self, world_comm: "MPI.Comm"):
+        self.world = world_comm
+        self.comm = world_comm.Dup()
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.hosts = self.comm.allgather(socket.gethostname())
+        self._sending: list[tuple["MPI.Request", np.ndarray]] = []  # buffers live until sent
+
+    def send(self, dest: int, message: np.ndarray) -> None:
+        self._sending = [(r, m) for r, m in self._sending if not r.Test()]
+        message = np.ascontiguousarray(message, dtype=np.float64)
+        self._sending.append((self.comm.Isend([message, MPI.DOUBLE], dest, self.TAG), message))
+
+    def receive(self) -> list[tuple[int, np.ndarray]]:
+        found = []
+        status = MPI.Status()
+        while (message := self.comm.Improbe(MPI.ANY_SOURCE, self.TAG, status)) is not None:
+            values = np.empty(status.Get_count(MPI.DOUBLE), dtype=np.float64)
+            message.Recv([values, MPI.DOUBLE])
+            found.append((status.Get_source(), values))
+        return found
+
+    def abort(self, code: int) -> None:
+        _abort_after_the_last_line(self.world, code)
+
+
+def _abort_after_the_last_line(comm: "MPI.Comm", code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    time.sleep(ABORT_PAUSE_SECONDS)
+    comm.Abort(code)
+
+
 def _in_place(buffer: torch.Tensor, call: str) -> torch.Tensor:
     """``buffer`` itself, refused when it is not contiguous: MPI would write into a copy."""
     if not buffer.is_contiguous():
@@ -334,10 +406,10 @@ class GroupCommunicator(MPICommunicator):
     same calls, waited on through the same ``_timed``, and every byte and second it counts is
     also counted in its parent's counters, which the epoch's metrics read."""
 
-    def __init__(self, comm: "MPI.Comm", parent: MPICommunicator):
+    def __init__(self, comm: "MPI.Comm", parent: MPICommunicator, name: str):
         self.parent = parent
         self._own_seconds = 0.0
-        super().__init__(comm)
+        super().__init__(comm, parent.watchdog, name)  # the world's watchdog sees its waits
 
     @property
     def seconds(self) -> float:  # type: ignore[override]

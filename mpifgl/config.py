@@ -18,6 +18,8 @@ from typing import Any
 from fgl_common.cli import (CommaSeparated, add_dataclass_arguments, check_finite,
                              dataclass_from_namespace, option)
 from mpifgl.registry import BACKBONES, EXCHANGES, METHODS, SAMPLINGS, maskable
+from mpifgl.watchdog import (ANSWER_SECONDS, EPOCHS_OF_TIMEOUT, FLOOR_SECONDS,
+                             SETUP_SECONDS)
 
 DTYPES = ("float32", "float64")
 # --secure masks the compact exchange of the distributed GNN (docs/privacy.md says why no other)
@@ -162,6 +164,14 @@ class TrainConfig:
     log_every: int = option(1, "print one line every this many epochs on rank 0")
     verbose: bool = option(False, "print the Python traceback with an error message (without it: "
                                   "one line naming the rank, the file and the reason)")
+    watchdog_seconds: str = option(
+        "auto", "seconds a rank may wait in one collective before it asks every rank whether "
+                "it is there; a rank that does not answer within "
+                f"{ANSWER_SECONDS:.0f} s (stopped, swapping, its node lost) ends the job with "
+                "one line naming it (a busy rank answers: a long evaluation or checkpoint is "
+                f"no stall). auto: {SETUP_SECONDS:.0f} s until the first epoch ends, then the "
+                f"larger of {FLOOR_SECONDS:.0f} s and {EPOCHS_OF_TIMEOUT} times the longest "
+                "epoch; 0: off (see docs/reliability.md)")
 
     def validate(self) -> None:
         """Raise ValueError naming the flag, the value found and the value expected."""
@@ -228,6 +238,7 @@ class TrainConfig:
         need(self.log_every >= 1, "log-every", self.log_every, "an integer >= 1")
         check_device_spec(self.device)
         parse_threads(self.threads)
+        parse_watchdog_seconds(self.watchdog_seconds)
         need(self.local_epochs >= 1, "local-epochs", self.local_epochs, "an integer >= 1")
         need(0.0 <= self.nc_fraction <= 1.0, "nc-fraction", self.nc_fraction, "a fraction in [0, 1]")
         need(0.0 < self.boundary_p <= 1.0, "boundary-p", self.boundary_p, "a probability in (0, 1]")
@@ -293,6 +304,20 @@ def parse_threads(spec: str) -> int:
     raise ValueError(f"--threads is {spec!r}, expected auto or an integer >= 1")
 
 
+def parse_watchdog_seconds(spec: str) -> float | None:
+    """None for ``auto``, else the seconds (0: off); ValueError naming the flag otherwise."""
+    if spec == "auto":
+        return None
+    try:
+        seconds = float(spec)
+    except ValueError:
+        seconds = float("nan")
+    if seconds >= 0 and seconds != float("inf"):
+        return seconds
+    raise ValueError(f"--watchdog-seconds is {spec!r}, expected auto, 0 (off) or a number of "
+                     f"seconds > 0")
+
+
 def check_device_spec(spec: str) -> None:
     """ValueError naming the flag for a device that is not auto, cpu, cuda or cuda:N."""
     if spec in ("auto", "cpu", "cuda") or (spec.startswith("cuda:") and spec[5:].isdigit()):
@@ -320,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
 # with less memory needs it).
 RESUME_OVERRIDABLE = ("epochs", "eval_every", "log_every", "checkpoint_every", "save_logits",
                       "resume", "out", "force", "verbose", "exchange_buffer_mb", "device",
-                      "threads")
+                      "threads", "watchdog_seconds")
 # Flags a resumed run may change only to a value proven the same: shards moved elsewhere
 # (--shards NEW), whose fingerprint must equal the checkpoint's (mpifgl.train checks it).
 RESUME_PROVEN = ("shards",)

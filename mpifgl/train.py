@@ -34,10 +34,11 @@ from fgl_common.shard_format import (MANIFEST_NAME, ShardError, check_shard_agai
 from fgl_common.shard_identity import describe as describe_shards
 from fgl_common.shard_identity import describe_graph, fingerprint, graph_fingerprint
 from mpifgl.communicator import Communicator, LocalComm
-from mpifgl.config import (TrainConfig, build_parser, resolved_path, restart_command,
-                           resumed_config, resumes_in_place)
+from mpifgl.config import (TrainConfig, build_parser, parse_watchdog_seconds, resolved_path,
+                           restart_command, resumed_config, resumes_in_place)
 from mpifgl.failures import (AgreedFailure, Interrupted, SetupError, agree, describe,
-                             exit_status, install_signal_handlers, rank_label)
+                             describe_stall, exit_status, install_signal_handlers, rank_label,
+                             signals_ignored)
 from mpifgl.finite import NonFiniteError
 from mpifgl.graph import ClientGraph
 from mpifgl import hardware
@@ -46,6 +47,7 @@ from mpifgl.runlog import (CHECKPOINT_NAME, RunDirectory, claim_run_dir, default
                            load_checkpoint, new_run_id)
 from mpifgl.sampling import default_sample_size
 from mpifgl.trainer import Trainer
+from mpifgl.watchdog import Stall, timeout_seconds
 
 log = logging.getLogger("mpifgl")
 PROG = "mpifgl.train"
@@ -70,6 +72,16 @@ class RankProgress:
         if self.trainer is None:
             return self.phase
         return self.trainer.position or "while writing the final outputs"
+
+    def leave_run_dir(self) -> None:
+        """A failed run gives up its directory: a run that never started leaves none, one that
+        did keeps its files and releases its lock."""
+        if self.run_dir is None:
+            return
+        if self.trainer is None:
+            self.run_dir.abandon()
+        else:
+            self.run_dir.release()
 
     def kept(self, size: int, repeatable: bool = True) -> str:
         """What a run that started training keeps, and how to go on: ``--resume`` from its
@@ -529,44 +541,61 @@ def run_rank(comm: Communicator, progress: RankProgress, body: Callable[[], int]
     """The one failure rule of every rank (module docstring): agreed failures (set-up findings,
     a non-finite value) are printed by rank 0 and end every rank normally; anything else is
     printed by this rank and ends the whole job (``comm.abort``; in one process, the exit
-    status)."""
+    status). While it reports, further signals are ignored (one line, not tracebacks)."""
     try:
         return body()
     except AgreedFailure as exc:
-        kept = ""
-        if progress.run_dir is not None:
-            if progress.trainer is None:
-                progress.run_dir.abandon()  # a run that never started leaves no directory
-            else:
+        with signals_ignored():
+            kept = ""
+            if progress.run_dir is not None and progress.trainer is not None:
                 kept = progress.kept(comm.size, repeatable=not isinstance(exc, NonFiniteError))
-                progress.run_dir.release()
-        if comm.is_server:
-            print(f"{PROG}: error: {exc}{kept}", file=sys.stderr, flush=True)
+            progress.leave_run_dir()
+            if comm.is_server:
+                print(f"{PROG}: error: {exc}{kept}", file=sys.stderr, flush=True)
         return INPUT_ERROR
     except BaseException as exc:  # noqa: B036 - any failure must end the job, not hang it
-        status = exit_status(exc)
-        if not comm.is_single_process and (isinstance(exc, Interrupted)
-                                           or progress.trainer is None):
-            # A signal to every rank (srun, scancel), or a set-up error every rank meets alike,
-            # must give one report: the lowest rank that has it reports, and its abort ends
-            # the others while they still wait.
-            time.sleep(REPORT_STAGGER * min(comm.rank, MAX_STAGGERED_RANKS))
-        if progress.config.verbose:
-            traceback.print_exc()
-        who = "" if comm.is_single_process else f" on {rank_label(comm.rank, comm.client_id)}"
-        if isinstance(exc, Interrupted):
-            message = f"interrupted by {exc}{who} {progress.where()}"
-        else:
-            message = f"error{who} {progress.where()}: {describe(exc)}"
-        print(f"{PROG}: {message}{progress.kept(comm.size)}", file=sys.stderr, flush=True)
-        if progress.run_dir is not None:
-            if progress.trainer is None:
-                progress.run_dir.abandon()  # a run that never started leaves no directory
-            else:
-                progress.run_dir.release()
-        if not comm.is_single_process:
-            comm.abort(status)  # one process returns its status instead (tests call main)
-        return status
+        with signals_ignored():
+            return report_and_abort(exc, comm, progress)
+
+
+def report_and_abort(exc: BaseException, comm: Communicator, progress: RankProgress) -> int:
+    """``run_rank``'s report of a failure of this rank alone: one line, then the job ends."""
+    status = exit_status(exc)
+    if not comm.is_single_process and (isinstance(exc, Interrupted) or progress.trainer is None):
+        # A signal to every rank (srun, scancel), or a set-up error every rank meets alike,
+        # must give one report: the lowest rank that has it reports, and its abort ends
+        # the others while they still wait.
+        time.sleep(REPORT_STAGGER * min(comm.rank, MAX_STAGGERED_RANKS))
+    if progress.config.verbose:
+        traceback.print_exc()
+    who = "" if comm.is_single_process else f" on {rank_label(comm.rank, comm.client_id)}"
+    if isinstance(exc, Interrupted):
+        message = f"interrupted by {exc}{who} {progress.where()}"
+    else:
+        config = progress.trainer.config if progress.trainer is not None else progress.config
+        message = (f"error{who} {progress.where()}: "
+                   f"{describe(exc, config, comm.is_single_process)}")
+    print(f"{PROG}: {message}{progress.kept(comm.size)}", file=sys.stderr, flush=True)
+    progress.leave_run_dir()
+    if not comm.is_single_process:
+        comm.abort(status)  # one process returns its status instead (tests call main)
+    return status
+
+
+def report_stall(stall: Stall, comm: Communicator, progress: RankProgress) -> None:
+    """The watchdog's report (its monitor thread aborts the job after it)."""
+    print(f"{PROG}: error: {describe_stall(stall, progress.where())}{progress.kept(comm.size)}",
+          file=sys.stderr, flush=True)
+    progress.leave_run_dir()
+
+
+def watchdog_timeout(progress: RankProgress) -> float:
+    """--watchdog-seconds of the run's config (a resume may change it), auto: by the longest
+    epoch so far."""
+    trainer = progress.trainer
+    longest = trainer.longest_epoch_seconds if trainer is not None else 0.0
+    return timeout_seconds(parse_watchdog_seconds(progress.config.watchdog_seconds),
+                           longest or None)
 
 
 def run_centralized(config: TrainConfig, explicit: set[str]) -> int:
@@ -593,6 +622,9 @@ def run_distributed(config: TrainConfig, explicit: set[str]) -> int:
     setup_logging("server" if comm.is_server else f"client {comm.client_id}", comm.is_server)
     install_signal_handlers()
     progress = RankProgress(config)
+    if parse_watchdog_seconds(config.watchdog_seconds) != 0:
+        comm.start_watchdog(lambda: watchdog_timeout(progress),
+                            lambda stall: report_stall(stall, comm, progress))
     return run_rank(comm, progress, lambda: train(config, comm, progress, explicit))
 
 

@@ -329,6 +329,7 @@ class Trainer:
         self.position = "before the first epoch"  # for a failure message ("in epoch 3 of 200, ...")
         self.checkpoint_epoch = 0  # epoch of the last checkpoint saved or loaded (0: none)
         self.clock = RunClock(method.config.target_val_f1)
+        self.longest_epoch_seconds = 0.0  # on this rank, all included: the watchdog's measure
 
     @property
     def config(self) -> TrainConfig:
@@ -392,6 +393,8 @@ class Trainer:
             if config.checkpoint_every and epoch % config.checkpoint_every == 0:
                 self.position = f"while writing the checkpoint of epoch {epoch}"
                 self.save_checkpoint()
+            self.longest_epoch_seconds = max(self.longest_epoch_seconds,
+                                             time.perf_counter() - start)
         self.position = "while writing the final outputs"
         return self.finish()
 

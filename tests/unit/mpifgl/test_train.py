@@ -336,3 +336,31 @@ def test_a_run_never_writes_into_its_shards(program, toy_shards):
         assert status == 1 and len(lines) == 1
         assert lines[0].startswith(f"mpifgl.train: error: --out {out}: {why}"), lines
     assert {p.name: p.read_bytes() for p in shards.iterdir()} == before
+
+
+def _allocate_too_much(*args, **kwargs):
+    """A real allocation failure: far more than any address space holds."""
+    import torch
+    torch.empty(1 << 50)
+
+
+MEMORY_PHASES = [  # where memory runs out, what the line says where
+    ("mpifgl.trainer.GNN", "during set-up"),
+    ("mpifgl.trainer.Trainer.train_step", "in epoch 1 of 2, step 1 of 1"),
+    ("mpifgl.trainer.Trainer.evaluate", "in epoch 1 of 2, evaluating"),
+    ("mpifgl.trainer.Trainer.save_checkpoint", "while writing the checkpoint of epoch 1"),
+    ("mpifgl.trainer.Trainer.finish", "while writing the final outputs"),
+]
+
+
+@pytest.mark.parametrize("target,where", MEMORY_PHASES, ids=[w for _, w in MEMORY_PHASES])
+def test_running_out_of_memory_in_any_phase_is_one_line_with_what_to_change(
+        program, toy_shards, tmp_path, monkeypatch, target, where):
+    monkeypatch.setattr(target, _allocate_too_much)
+    status, lines = program(*CENTRAL, "--shards", toy_shards(2), "--out", tmp_path / "run",
+                            "--epochs", "2", "--checkpoint-every", "1")
+    assert status == 1 and len(lines) == 1, lines
+    assert lines[0].startswith(f"mpifgl.train: error {where}: out of memory allocating 4.0 PiB"
+                               ), lines[0]
+    assert "; use a smaller --hidden (now 8), or more memory for this process" in lines[0]
+    assert (tmp_path / "run").exists() == (where != "during set-up")  # a run that never started
