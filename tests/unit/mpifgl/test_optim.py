@@ -1,8 +1,9 @@
-"""mpifgl.optim.Adam against torch.optim.Adam: the same parameters, bit for bit."""
+"""mpifgl.optim.Adam and SGD against torch.optim.Adam and SGD: the same parameters, bit for
+bit."""
 import pytest
 import torch
 
-from mpifgl.optim import Adam
+from mpifgl.optim import SGD, Adam
 
 
 def _models(dtype):
@@ -68,3 +69,25 @@ def test_load_state_dict_of_another_model_is_refused():
 def test_bad_hyper_parameters_are_named():
     with pytest.raises(ValueError, match="lr -1"):
         Adam(torch.nn.Linear(2, 2).parameters(), lr=-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("lr,weight_decay", [(0.5, 5e-4), (0.1, 0.0)])
+def test_sgd_is_bit_identical_to_torch(dtype, lr, weight_decay):
+    reference, ours = _models(dtype)
+    torch_sgd = torch.optim.SGD(reference.parameters(), lr=lr, weight_decay=weight_decay)
+    our_sgd = SGD(ours.parameters(), lr=lr, weight_decay=weight_decay)
+    for step in range(25):
+        for model, optimizer in ((reference, torch_sgd), (ours, our_sgd)):
+            optimizer.zero_grad(set_to_none=False)
+            _loss(model, step).backward()
+            optimizer.step()
+    for a, b in zip(reference.parameters(), ours.parameters()):
+        assert torch.equal(a, b)
+    assert any(not torch.equal(a, b) for a, b in
+               zip(reference.parameters(), _models(dtype)[0].parameters())), "nothing trained"
+    restored = SGD(ours.parameters(), lr=lr, weight_decay=weight_decay)
+    restored.load_state_dict(our_sgd.state_dict())
+    assert restored.step_count == 25
+    with pytest.raises(ValueError, match="expected SGD's"):
+        restored.load_state_dict(Adam(ours.parameters()).state_dict())
