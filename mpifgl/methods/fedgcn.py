@@ -82,7 +82,7 @@ from mpifgl.communicator import Communicator
 from mpifgl.exchange import build_exchange
 from mpifgl.graph import ClientGraph, CrossExchangePlan, build_operator
 from mpifgl.methods.fedavg import FedAvgMethod, client_weight, local_graph
-from mpifgl.model import LayerOperator, dropout, layer_type, linear, make_features
+from mpifgl.model import LayerOperator, dropout_scale, layer_type, linear, make_features
 from mpifgl.operators import CSRArrays, SparseMatrix, SparseOperator, numpy_dtype
 from mpifgl.registry import METHODS
 from mpifgl.secure import SecureSession
@@ -112,12 +112,14 @@ class PreAggregated:
         return np.rint(self.table[:, -1]).astype(np.int64) - 1
 
 
-def relay_plan(graph: ClientGraph, dtype: torch.dtype) -> CrossExchangePlan:
+def relay_plan(graph: ClientGraph, external: np.ndarray, dtype: torch.dtype
+               ) -> CrossExchangePlan:
     """Phase 2 as one compact exchange: owner j sends the row of its node u (client-ordered id)
     to every other client k that holds a neighbour of u, at position k * n + u of m segments of
     n positions (one per receiver). Every position has one sender, so the server's sum is a
-    relay; receiver k's receive rows are its external neighbours in ascending id, written to
-    rows 0..e-1 of the exchange's result, and it knows each one's sender (the owner)."""
+    relay; receiver k's receive rows are its ``external`` neighbours (ascending client-ordered
+    ids), written to rows 0..e-1 of the exchange's result, and it knows each one's sender (the
+    owner)."""
     n, m, own = int(graph.client_sizes.sum()), graph.num_clients, graph.client_id
     offsets = graph.offsets
     cross = graph.cross
@@ -131,7 +133,6 @@ def relay_plan(graph: ClientGraph, dtype: torch.dtype) -> CrossExchangePlan:
     sent = positions.shape[0]
     send = CSRArrays(np.arange(sent + 1, dtype=np.int64), positions % n - offsets[own],
                      np.ones(sent), (sent, graph.num_nodes)).compact_indices()
-    external = np.unique(cross.indices).astype(np.int64)
     sender = np.searchsorted(offsets, external, side="right") - 1
     senders = [None if j == own else np.flatnonzero(sender == j) for j in range(m)]
     return CrossExchangePlan(SparseMatrix(send, dtype), positions.astype(np.int64),
@@ -153,9 +154,10 @@ def pre_training_round(comm: Communicator, graph: ClientGraph, hops: int, dtype:
             exchange.run(plan, torch.zeros((0, width), dtype=dtype), (ROUND, "forward", phase))
         return None
     n_k = graph.num_nodes
-    relay = relay_plan(graph, dtype) if hops == 2 else None  # before the table: its peak first
     external = (np.unique(graph.cross.indices).astype(np.int64) if hops == 2
                 else np.zeros(0, np.int64))
+    # before the table is filled: the plan's own peak comes first
+    relay = relay_plan(graph, external, dtype) if hops == 2 else None
     z = np.empty((n_k, width), dtype=numpy_dtype(dtype))
     z[:, :-1], z[:, -1] = graph.x, 1.0
     table = np.zeros((n_k + external.shape[0], width), dtype=z.dtype)
@@ -218,9 +220,8 @@ class FedGCNModel(nn.Module):
         else:
             h = self.first(x, op.graph)
         for k, layer in enumerate(self.layers):
-            h = torch.relu_(h)
-            if rng is not None:
-                h = dropout(h, self.dropout_p, rng)
+            mask = dropout_scale(h, self.dropout_p, rng) if rng is not None else None
+            h = _ReluDropout.apply(h, mask, 1.0 / (1.0 - self.dropout_p))
             if k == len(self.layers) - 1 and op.own is not None:
                 # aggregated first, then transformed (M is linear): the [C_k, d] tensors are
                 # hidden-wide, and only the own rows are computed
@@ -229,6 +230,30 @@ class FedGCNModel(nn.Module):
             else:
                 h = layer(h, op.graph)
         return h
+
+
+class _ReluDropout(torch.autograd.Function):
+    """relu(h) * mask, in place on h (a layer's fresh output, which no autograd node saved),
+    keeping only the result for backward: where it is positive the gradient passes times the
+    mask's scale, elsewhere not. The same numbers as relu then dropout, which keep their input,
+    their mask and their output: at 2 hops each is a [C_k, hidden] tensor, most of the graph."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, mask: torch.Tensor | None,  # type: ignore[override]
+                scale: float) -> torch.Tensor:
+        out = h.clamp_(min=0)
+        if mask is not None:
+            out.mul_(mask)
+        ctx.mark_dirty(h)
+        ctx.save_for_backward(out)
+        ctx.scale = scale if mask is not None else None
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        (out,) = ctx.saved_tensors
+        passed = grad.masked_fill(out <= 0, 0.0)
+        return (passed if ctx.scale is None else passed.mul_(ctx.scale)), None, None
 
 
 def _linear_reset(layer: nn.Linear, generator: torch.Generator) -> None:

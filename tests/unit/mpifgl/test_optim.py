@@ -25,11 +25,17 @@ def _loss(model, step):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("lr,weight_decay", [(0.01, 0.0), (0.1, 5e-4), (0.001, 0.01)])
 def test_adam_is_bit_identical_to_torch(dtype, lr, weight_decay):
+    assert_trains_as_torch(dtype, torch.optim.Adam, Adam, lr=lr, weight_decay=weight_decay)
+
+
+def assert_trains_as_torch(dtype, torch_optimizer, our_optimizer, **settings):
+    """25 steps of each on the same model and losses: the same parameters, bit for bit, and
+    they moved. Returns our model and optimizer."""
     reference, ours = _models(dtype)
-    torch_adam = torch.optim.Adam(reference.parameters(), lr=lr, weight_decay=weight_decay)
-    our_adam = Adam(ours.parameters(), lr=lr, weight_decay=weight_decay)
+    torch_one = torch_optimizer(reference.parameters(), **settings)
+    our_one = our_optimizer(ours.parameters(), **settings)
     for step in range(25):
-        for model, optimizer in ((reference, torch_adam), (ours, our_adam)):
+        for model, optimizer in ((reference, torch_one), (ours, our_one)):
             optimizer.zero_grad(set_to_none=False)
             _loss(model, step).backward()
             optimizer.step()
@@ -37,6 +43,7 @@ def test_adam_is_bit_identical_to_torch(dtype, lr, weight_decay):
         assert torch.equal(a, b)
     assert any(not torch.equal(a, b) for a, b in
                zip(reference.parameters(), _models(dtype)[0].parameters())), "nothing trained"
+    return ours, our_one
 
 
 def test_state_dict_round_trip_continues_identically():
@@ -74,18 +81,8 @@ def test_bad_hyper_parameters_are_named():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("lr,weight_decay", [(0.5, 5e-4), (0.1, 0.0)])
 def test_sgd_is_bit_identical_to_torch(dtype, lr, weight_decay):
-    reference, ours = _models(dtype)
-    torch_sgd = torch.optim.SGD(reference.parameters(), lr=lr, weight_decay=weight_decay)
-    our_sgd = SGD(ours.parameters(), lr=lr, weight_decay=weight_decay)
-    for step in range(25):
-        for model, optimizer in ((reference, torch_sgd), (ours, our_sgd)):
-            optimizer.zero_grad(set_to_none=False)
-            _loss(model, step).backward()
-            optimizer.step()
-    for a, b in zip(reference.parameters(), ours.parameters()):
-        assert torch.equal(a, b)
-    assert any(not torch.equal(a, b) for a, b in
-               zip(reference.parameters(), _models(dtype)[0].parameters())), "nothing trained"
+    ours, our_sgd = assert_trains_as_torch(dtype, torch.optim.SGD, SGD, lr=lr,
+                                           weight_decay=weight_decay)
     restored = SGD(ours.parameters(), lr=lr, weight_decay=weight_decay)
     restored.load_state_dict(our_sgd.state_dict())
     assert restored.step_count == 25
