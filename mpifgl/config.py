@@ -17,7 +17,8 @@ from typing import Any
 
 from fgl_common.cli import (CommaSeparated, add_dataclass_arguments, check_finite,
                              dataclass_from_namespace, option)
-from mpifgl.registry import BACKBONES, EXCHANGES, METHODS, SAMPLINGS, maskable
+from mpifgl.registry import (BACKBONES, CLIENT_WEIGHTS, EXCHANGES, METHODS, OPTIMIZERS,
+                             SAMPLINGS, maskable)
 from mpifgl.watchdog import (ANSWER_SECONDS, EPOCHS_OF_TIMEOUT, FLOOR_SECONDS,
                              SETUP_SECONDS)
 
@@ -27,6 +28,9 @@ SECURE_ALGOS = maskable(METHODS)
 SECURE_EXCHANGES = maskable(EXCHANGES)
 EXACT_FIRST_ALGOS = tuple(name for name, method in METHODS.items() if method.whole_graph_gnn)
 CAGNET_ALGO = "cagnet"  # the method --replication belongs to
+AVERAGING_ALGOS = tuple(name for name, method in METHODS.items() if method.averages_models)
+ROUND_ALGOS = tuple(name for name, method in METHODS.items() if method.neighbour_round)
+HOPS = (0, 1, 2)
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,7 @@ class TrainConfig:
     algo: str = option("ours", "ours = distributed model over MPI; centralized = same model code "
                                "on the whole graph in one process (the reference); baselines: "
                                "graphsage, graphsaint (centralized), fedavg, fedavg-nc, bns, "
-                               "cagnet (over MPI); see docs/algorithms.md", tuple(METHODS))
+                               "cagnet, fedgcn (over MPI); see docs/algorithms.md", tuple(METHODS))
     backbone: str = option("gcn", "; ".join(f"{e.name} = {e.summary}" for e in BACKBONES.values())
                            + ". gcn is the paper's; with sage the paper's sampler kept its margin "
                              "over centralized on a products-like proxy where gcn's collapsed "
@@ -54,8 +58,11 @@ class TrainConfig:
     layers: int = option(2, "number of graph layers (paper: 2 on PubMed)")
     hidden: int = option(128, "hidden width (paper: 128)")
     dropout: float = option(0.2, "dropout on every layer's input (paper: 0.2)")
-    lr: float = option(0.01, "Adam learning rate (paper searches 0.1, 0.01, 0.001)")
-    weight_decay: float = option(0.0, "Adam weight decay (L2)")
+    lr: float = option(0.01, "learning rate of --optimizer (paper: Adam, searching 0.1, 0.01, "
+                             "0.001)")
+    weight_decay: float = option(0.0, "weight decay (L2, added to the gradient)")
+    optimizer: str = option("adam", "; ".join(f"{e.name} = {e.summary}"
+                                              for e in OPTIMIZERS.values()), tuple(OPTIMIZERS))
     epochs: int = option(200, "training epochs (paper: 200 on PubMed and Reddit)")
     # Sampling (paper section 2.2)
     sampling: str = option("label", "label = label-guided (ours); uniform = same estimator with "
@@ -106,14 +113,24 @@ class TrainConfig:
                                  "cross-client terms, weight gradients, loss and counts travel "
                                  "as fixed-point words plus pairwise keystreams (X25519 + "
                                  "AES-128-CTR, fresh keys per run, never written); --exchange "
-                                 "compact and --algo ours or bns only. See docs/privacy.md")
+                                 "compact and --algo ours, bns or fedgcn (its pre-training "
+                                 "round and its model averages) only. See docs/privacy.md")
     steps_per_epoch: int = option(0, "optimizer steps per epoch, each on a fresh sample of "
                                      "--sample-size draws (the paper's step length); 0: one pass "
                                      "over the nodes per epoch, ceil(n / s - 1e-6) steps (4 at the "
                                      "default s = ceil(n/4)), and 1 step without node sampling or "
                                      "for the baselines")
     # Baselines (docs/algorithms.md)
-    local_epochs: int = option(1, "fedavg, fedavg-nc: local epochs per round (one round per epoch)")
+    local_epochs: int = option(1, "fedavg, fedavg-nc, fedgcn: local full-batch steps per round "
+                                  "(one round per epoch)")
+    client_weights: str = option("train", "fedavg, fedavg-nc, fedgcn: each client's weight in the "
+                                          "model average: train = its training nodes (FedAvg's "
+                                          "n_k), uniform = 1 per client that has training nodes "
+                                          "(FedGCN's unweighted mean)", CLIENT_WEIGHTS)
+    hops: int | None = option(None, "fedgcn: what the pre-training round gives each client: 2 = "
+                                    "the rows of (A + I) X of its nodes and of their one-hop "
+                                    "neighbours (FedGCN 2-hop, the default), 1 = of its own "
+                                    "nodes only, 0 = no round (FedAvg with FedGCN's settings)")
     nc_fraction: float = option(0.2, "fedavg-nc: fraction of one-hop cross-client neighbours each "
                                      "client collects (paper: 20%)")
     boundary_p: float = option(0.1, "bns: probability of keeping a boundary node (BNS-GCN's p)")
@@ -180,7 +197,7 @@ class TrainConfig:
                 raise ValueError(f"--{flag} is {value!r}, expected {expected}")
         check_finite(self)  # every float flag is a finite number (NaN fails no range check)
         for name in ("algo", "backbone", "sampling", "exchange", "dtype", "feature_format",
-                     "saint_layer"):
+                     "saint_layer", "optimizer", "client_weights"):
             choices = _choices(name)
             need(getattr(self, name) in choices, name.replace("_", "-"), getattr(self, name),
                  f"one of {', '.join(choices)}")
@@ -195,7 +212,7 @@ class TrainConfig:
              "a positive number of MB")
         if self.secure and self.algo not in SECURE_ALGOS:
             raise ValueError(f"--secure with --algo {self.algo!r}: masking protects the "
-                             f"cross-client exchange of {' and '.join(SECURE_ALGOS)}; expected "
+                             f"cross-client exchange of {', '.join(SECURE_ALGOS)}; expected "
                              f"--algo one of {', '.join(SECURE_ALGOS)} (the others exchange no "
                              "per-layer terms, or run in one process)")
         if self.secure and self.exchange not in SECURE_EXCHANGES:
@@ -240,6 +257,7 @@ class TrainConfig:
         parse_threads(self.threads)
         parse_watchdog_seconds(self.watchdog_seconds)
         need(self.local_epochs >= 1, "local-epochs", self.local_epochs, "an integer >= 1")
+        self._validate_rounds()
         need(0.0 <= self.nc_fraction <= 1.0, "nc-fraction", self.nc_fraction, "a fraction in [0, 1]")
         need(0.0 < self.boundary_p <= 1.0, "boundary-p", self.boundary_p, "a probability in (0, 1]")
         need(self.replication >= 1, "replication", self.replication, "an integer >= 1")
@@ -270,6 +288,31 @@ class TrainConfig:
             raise ValueError(f"--replication is {self.replication}, expected a divisor of the "
                              f"{num_clients} clients of {shards}: one of "
                              f"{', '.join(map(str, divisors))}")
+
+    def _validate_rounds(self) -> None:
+        """The flags of the model-averaging methods and of FedGCN's pre-training round."""
+        if self.client_weights != "train" and self.algo not in AVERAGING_ALGOS:
+            raise ValueError(f"--client-weights {self.client_weights} with --algo {self.algo!r}: "
+                             f"expected --algo one of {', '.join(AVERAGING_ALGOS)} (the methods "
+                             "that average client models)")
+        if self.hops is not None and self.algo not in ROUND_ALGOS:
+            raise ValueError(f"--hops with --algo {self.algo!r}: expected --algo one of "
+                             f"{', '.join(ROUND_ALGOS)} (the methods with a pre-training round)")
+        if self.algo not in ROUND_ALGOS:
+            return
+        hops = self.hops if self.hops is not None else METHODS[self.algo].default("hops")
+        if hops not in HOPS:
+            raise ValueError(f"--hops is {hops!r}, expected one of "
+                             f"{', '.join(map(str, HOPS))}")
+        if hops > 0 and self.layers < 2:
+            raise ValueError(f"--layers {self.layers} with --algo {self.algo} --hops {hops}: "
+                             "expected --layers >= 2 (a linear layer on the pre-aggregated rows, "
+                             "then at least one graph layer)")
+        if hops > 0 and self.exchange not in SECURE_EXCHANGES:
+            raise ValueError(f"--exchange {self.exchange} with --algo {self.algo}: expected "
+                             f"--exchange {' or '.join(SECURE_EXCHANGES)} (the round sends rows "
+                             "with their ids to the server alone, which sums them; no other "
+                             "rank may see a partial sum)")
 
     @property
     def weight_seed(self) -> int:

@@ -1,6 +1,7 @@
 """Every name a choice flag can take and where its implementation lives: the one list of training
-methods (``--algo``), backbones (``--backbone``), cross-client exchanges (``--exchange``) and
-samplings (``--sampling``). ``mpifgl.config`` takes its choices from here.
+methods (``--algo``), backbones (``--backbone``), cross-client exchanges (``--exchange``),
+samplings (``--sampling``), optimizers (``--optimizer``) and client weights
+(``--client-weights``). ``mpifgl.config`` takes its choices from here.
 
 Nothing here imports torch or another mpifgl module: the configuration and the study's driver
 read the lists without loading the model. An implementation is named as "module:attribute" and
@@ -45,6 +46,14 @@ class Method(Entry):
     whole_graph_gnn: bool = False
     # Flag defaults of this method that differ from TrainConfig's; an explicit flag wins.
     defaults: tuple[tuple[str, Any], ...] = ()
+    # its rounds average the clients' models (FedAvg's aggregation): --client-weights applies
+    averages_models: bool = False
+    # a pre-training round of neighbour-feature sums (FedGCN): --hops applies
+    neighbour_round: bool = False
+
+    def default(self, name: str, fallback: Any = None) -> Any:
+        """This method's default of flag ``name`` (``fallback`` where it keeps TrainConfig's)."""
+        return dict(self.defaults).get(name, fallback)
 
     def with_defaults(self, config: "TrainConfig", explicit: set[str]) -> "TrainConfig":
         """``config`` with this method's defaults for the flags not given explicitly."""
@@ -72,9 +81,11 @@ METHODS: dict[str, Method] = _table(
            "centralized GraphSAINT random-walk subgraph sampling (Zeng et al., 2020)",
            distributed=False),
     Method("fedavg", "mpifgl.methods.fedavg:build_fedavg",
-           "FedAvg on local subgraphs, cross-client edges dropped (McMahan et al., 2017)"),
+           "FedAvg on local subgraphs, cross-client edges dropped (McMahan et al., 2017)",
+           averages_models=True),
     Method("fedavg-nc", "mpifgl.methods.fedavg:build_fedavg_nc",
-           "FedAvg with a random share of cross-client neighbours collected"),
+           "FedAvg with a random share of cross-client neighbours collected",
+           averages_models=True),
     Method("bns", "mpifgl.methods.bns:build_bns",
            "BNS-GCN boundary-node sampling in the distributed model (Wan et al., MLSys 2022)",
            maskable=True, whole_graph_gnn=True),
@@ -83,6 +94,14 @@ METHODS: dict[str, Method] = _table(
            "CAGNET 1.5D full-batch GCN over the client ranks: block rows, broadcasts in column "
            "groups, allreduce in row groups (Tripathy, Yelick, Buluc, SC 2020)",
            defaults=(("sampling", "none"),)),
+    # the reference's settings (yh-yao/FedGCN, FedGraph): SGD lr 0.5, weight decay 5e-4, 3 local
+    # full-batch steps per round, hidden 16, dropout 0.5, the unweighted mean over clients
+    Method("fedgcn", "mpifgl.methods.fedgcn:build_fedgcn",
+           "FedGCN: one pre-training round of neighbour-feature sums, then FedAvg (Yao et al., "
+           "2023)", maskable=True, averages_models=True, neighbour_round=True,
+           defaults=(("optimizer", "sgd"), ("lr", 0.5), ("weight_decay", 5e-4),
+                     ("local_epochs", 3), ("hidden", 16), ("dropout", 0.5),
+                     ("client_weights", "uniform"), ("hops", 2))),
 )
 
 BACKBONES: dict[str, Entry] = _table(
@@ -113,6 +132,17 @@ SAMPLINGS: dict[str, Entry] = _table(
           "the same estimator with a uniform distribution"),
     Entry("none", "", "the full graph every step (ours-full; the default of --algo centralized)"),
 )
+
+
+OPTIMIZERS: dict[str, Entry] = _table(
+    Entry("adam", "mpifgl.optim:Adam", "Adam, L2 weight decay added to the gradient (the "
+          "paper's)"),
+    Entry("sgd", "mpifgl.optim:SGD", "plain SGD, no momentum, L2 weight decay added to the "
+          "gradient (FedGCN's)"),
+)
+
+# --client-weights: a client's weight in a model average, its training nodes or 1 (the mean)
+CLIENT_WEIGHTS = ("train", "uniform")
 
 
 def lookup(table: dict[str, Any], flag: str, name: str) -> Any:

@@ -30,7 +30,8 @@ from mpifgl.failures import SetupError
 from mpifgl.finite import FiniteGuard
 from mpifgl.graph import ClientGraph
 from mpifgl.model import GNN
-from mpifgl.optim import Adam
+from mpifgl.optim import SGD, Adam
+from mpifgl.registry import OPTIMIZERS, lookup
 from mpifgl.runlog import CHECKPOINT_NAME, RunDirectory
 from mpifgl.sampling import group_counts, node_groups
 from mpifgl.secure import MaskedSums, SecureSession
@@ -123,12 +124,18 @@ class RankSetup:
                    np.random.default_rng(int(seeds[0])), dropout_stream(int(seeds[1]), device),
                    masking, device, FiniteGuard(comm, sum_keeps_non_finite=masking is None))
 
-    def gnn_and_optimizer(self) -> tuple[GNN, Adam]:
-        """The configured GNN (same initial weights on every rank) and its Adam."""
+    def gnn_and_optimizer(self) -> tuple[GNN, "Adam | SGD"]:
+        """The configured GNN (same initial weights on every rank) and its optimizer."""
         config = self.config
         model = GNN(config.backbone, self.graph.x.shape[1], config.hidden, self.num_classes,
                     config.layers, config.dropout, config.weight_seed, self.dtype).to(self.device)
-        return model, Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        return model, self.optimizer_of(model)
+
+    def optimizer_of(self, model: torch.nn.Module) -> "Adam | SGD":
+        """``--optimizer`` over ``model``'s parameters, with --lr and --weight-decay."""
+        config = self.config
+        optimizer = lookup(OPTIMIZERS, "optimizer", config.optimizer).load()
+        return optimizer(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
 
     def mask(self, split: str) -> torch.Tensor:
         """bool [n_i] of ``split`` on this rank's device."""
@@ -185,7 +192,9 @@ class TrainingMethod(Protocol):
 
     config: TrainConfig  # resolved against the graph (sample size, steps per epoch)
     model: torch.nn.Module
-    optimizer: Adam
+    optimizer: "Adam | SGD"
+    # A method may also hold ``setup_record``, on the server the traffic of its set-up phases
+    # (``PhaseTraffic.record``): the first epoch's record and final.json carry it.
 
     def train_step(self) -> float:
         """One optimizer step (or FedAvg round) on every rank; the global loss."""
@@ -200,6 +209,30 @@ class TrainingMethod(Protocol):
         ...
 
     def restore_rank_state(self, state: dict[str, Any]) -> None: ...
+
+
+class PhaseTraffic:
+    """The traffic of one phase of a method's set-up (FedGCN's pre-training round), which the
+    epochs' counters never see: ``record`` (collective) gives the server every rank's bytes
+    and the phase's seconds as ``{phase}_bytes_sent``, ``{phase}_bytes_received`` (lists by
+    rank, exchange bytes included) and ``{phase}_seconds`` (the slowest rank's)."""
+
+    def __init__(self, comm: Communicator):
+        self.comm = comm
+        self.start = self._counters()
+
+    def _counters(self) -> np.ndarray:
+        return np.asarray([self.comm.bytes_sent, self.comm.bytes_received, time.perf_counter()])
+
+    def record(self, phase: str) -> dict[str, Any] | None:
+        moved = self._counters() - self.start
+        table = self.comm.gather_rows(torch.from_numpy(moved))
+        if table is None:
+            return None
+        table = table.numpy()
+        return {f"{phase}_bytes_sent": [int(v) for v in table[:, 0]],
+                f"{phase}_bytes_received": [int(v) for v in table[:, 1]],
+                f"{phase}_seconds": float(table[:, 2].max())}
 
 
 @dataclass
@@ -404,6 +437,8 @@ class Trainer:
                                   # the server's clocks through this epoch (RunClock)
                                   "elapsed_seconds": self.clock.elapsed,
                                   "wall_seconds": self.clock.wall}
+        if self.clock.epochs == 1:  # this process's first epoch: its method's set-up phases
+            record.update(getattr(self.method, "setup_record", None) or {})
         if scores is not None:
             record.update(scores)
             self.clock.check_target(epoch, scores["val_micro_f1"])
@@ -461,7 +496,8 @@ class Trainer:
         final = {"test_micro_f1": best.test, "best_val_micro_f1": best.val,
                  "best_train_micro_f1": best.train, "best_epoch": best.epoch,
                  "epochs": self.config.epochs, **self.run_info,
-                 **self.clock.summary(self.state.epoch, self._identity())}
+                 **self.clock.summary(self.state.epoch, self._identity()),
+                 **(getattr(self.method, "setup_record", None) or {})}
         if reports is not None:
             final["rank_reports"] = reports
         self.run_dir.write_json("final.json", final)

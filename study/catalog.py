@@ -24,6 +24,9 @@ class Method:
     label: str  # in the Markdown tables and plot legends; "{layer}": the backbone's short name
     algo: str  # mpifgl.train --algo
     flags: tuple[str, ...] = ()  # extra mpifgl.train flags
+    # the method's own learning rate, which the study's --lr and its search leave alone (a
+    # baseline whose reference optimizer is not the Adam that the study's lr grid is for)
+    lr: float | None = None
 
     @property
     def distributed(self) -> bool:
@@ -59,15 +62,21 @@ METHODS = {m.name: m for m in (
     Method("ours-subgraph", "ours, subgraph norm", "ours", ("--subgraph-norm",)),
     # the masked exchange and sums (docs/privacy.md): what privacy costs in time and bytes
     Method("ours-secure", "Ours ({layer}, --secure)", "ours", ("--secure",)),
+    # FedGCN at its reference settings (mpifgl.registry), SGD at its own lr 0.5; 0 hops is
+    # FedAvg with those settings, so fedgcn-0hop against fedgcn isolates the round's effect
+    Method("fedgcn", "FedGCN 2-hop ({layer})", "fedgcn", lr=0.5),
+    Method("fedgcn-1hop", "FedGCN 1-hop ({layer})", "fedgcn", ("--hops", "1"), lr=0.5),
+    Method("fedgcn-0hop", "FedGCN 0-hop ({layer})", "fedgcn", ("--hops", "0"), lr=0.5),
 )}
 
 # The rows of each section, in table order. Figures 3 and 4 also run "centralized" as the
 # reference their local bias is measured against (see study.plan).
 SECTION_METHODS = {
     "table2": ("ours", "ours-1gnn", "centralized", "centralized-1gnn", "graphsage",
-               "graphsaint", "fedavg", "fedavg-nc", "bns", "cagnet"),
-    "fig3": ("ours", "fedavg", "fedavg-nc"),
-    "fig4": ("ours", "fedavg", "fedavg-nc"),
+               "graphsaint", "fedavg", "fedavg-nc", "bns", "cagnet", "fedgcn", "fedgcn-1hop",
+               "fedgcn-0hop"),
+    "fig3": ("ours", "fedavg", "fedavg-nc", "fedgcn", "fedgcn-0hop"),
+    "fig4": ("ours", "fedavg", "fedavg-nc", "fedgcn", "fedgcn-0hop"),
     # the paper's CAGNET (1.5D) beside its 1D form; ours-secure: ours with --secure
     "table3": ("cagnet", "cagnet-1d", "fedavg", "ours", "ours-secure"),
     "table5": ("ours-full", "ours-star", "ours"),  # the ablation

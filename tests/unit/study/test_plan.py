@@ -79,6 +79,20 @@ def test_plan_only_and_quick():
     assert all(p.spec.epochs == 2 for p in runs.values())
 
 
+def test_a_method_with_its_own_lr_keeps_it_and_stays_out_of_the_search():
+    """FedGCN's SGD at its reference lr 0.5: neither the study's --lr nor its Adam grid."""
+    plan = _plan(only=("table2", "fig3"), seeds=(0,))
+    assert "cora/random-m8/fedgcn-lr0.5-e100-s0" in plan.runs
+    assert "cora/random-m16/fedgcn-0hop-lr0.5-e100-s0" in plan.runs
+    assert "cora/random-m8/fedavg-lr0.01-e100-s0" in plan.runs
+    command = train_command(plan.runs["cora/random-m8/fedgcn-1hop-lr0.5-e100-s0"].spec,
+                            Path("S"), Path("R"))
+    assert command[command.index("--lr") + 1] == "0.5" and command[-2:] == ["--hops", "1"]
+    searched = {s.method for s in lr_search_plan(StudyConfig(out=Path("/tmp/x"),
+                                                             datasets=("cora",)))}
+    assert "fedavg" in searched and not searched & {"fedgcn", "fedgcn-1hop", "fedgcn-0hop"}
+
+
 def test_command_and_estimate():
     spec = RunSpec("cora", "ours-star", 4, "random", 1, 5, 0.1)
     command = train_command(spec, Path("S"), Path("R"))
