@@ -83,6 +83,8 @@ class MPICommunicator(TrafficCounters):
         self.is_client = not self.is_server
         self._counting_exchange = False
         self._node: "MPI.Comm | None" = None  # the ranks of this node, split on first use
+        # once, at start-up: messages and config.json name each rank's host
+        self.hosts = self.comm.allgather(MPI.Get_processor_name())
         self.reset_counters()
 
     # -- accounting ------------------------------------------------------------------------

@@ -8,6 +8,7 @@ wrap), no mpirun, and a test can look at every buffer the server receives.
 from __future__ import annotations
 
 import pickle
+import socket
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable
@@ -67,6 +68,7 @@ class ThreadComm(TrafficCounters):
         self.is_server = rank == 0
         self.is_client = rank > 0
         self.is_single_process = False
+        self.hosts = [socket.gethostname()] * world.size  # the threads are one node
         self.reset_counters()
         self._turn = 0  # which of the world's two slot sets the next collective uses
 
