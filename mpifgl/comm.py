@@ -38,6 +38,9 @@ MPI_TYPES = {torch.float32: MPI.FLOAT, torch.float64: MPI.DOUBLE,
              # --secure: masked values in the rings Z_2^32 / Z_2^64 (MPI_SUM wraps unsigned)
              torch.uint32: MPI.UINT32_T, torch.uint64: MPI.UINT64_T}
 MAX_MPI_COUNT = 2 ** 31 - 1  # MPI's int counts and displacements
+# --wire-dtype: 16-bit floats move as their bits (MPI has no bfloat16), so only through the
+# collectives that copy (gathers, scatters), never through a reduction
+RAW_16_BIT = (torch.bfloat16, torch.float16)
 
 
 def _checked_counts(counts: np.ndarray) -> np.ndarray:
@@ -54,14 +57,22 @@ def _displacements(counts: np.ndarray) -> np.ndarray:
     return offsets(counts)[:-1]
 
 
-def _buffer(tensor: torch.Tensor) -> tuple[np.ndarray, "MPI.Datatype"]:
-    """A host tensor as MPI's [buffer, type]: a numpy view of its contiguous memory."""
+def _buffer(tensor: torch.Tensor, copied: bool = False) -> tuple[np.ndarray, "MPI.Datatype"]:
+    """A host tensor as MPI's [buffer, type]: a numpy view of its contiguous memory. ``copied``:
+    the collective only moves the values, so 16-bit floats may travel as their bits."""
     if tensor.device.type != "cpu":
         raise ValueError(f"an MPI buffer on {tensor.device}: copy it to host memory first")
+    if copied and tensor.dtype in RAW_16_BIT:
+        return _array(tensor.contiguous()), MPI.INT16_T
     if tensor.dtype not in MPI_TYPES:
         raise ValueError(f"an MPI buffer of {tensor.dtype}, expected one of "
                          f"{', '.join(str(t) for t in MPI_TYPES)}")
     return tensor.contiguous().numpy(), MPI_TYPES[tensor.dtype]
+
+
+def _array(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy view of a contiguous host tensor; a 16-bit float's as int16 bits."""
+    return tensor.view(torch.int16).numpy() if tensor.dtype in RAW_16_BIT else tensor.numpy()
 
 
 class MPICommunicator(TrafficCounters):
@@ -88,8 +99,17 @@ class MPICommunicator(TrafficCounters):
         self.reset_counters()
 
     # -- accounting ------------------------------------------------------------------------
+    def reset_counters(self) -> None:
+        super().reset_counters()
+        self.collectives = 0  # each one at least a latency of the slowest link it crosses
+
+    def extra_counters(self) -> dict[str, int]:
+        """The buffer collectives since reset_counters (the server takes part in every one)."""
+        return {"collectives": self.collectives}
+
     def _timed(self, start_collective, *args) -> None:
-        """Run one non-blocking collective to completion, counting its wall time."""
+        """Run one non-blocking collective to completion, counting it and its wall time."""
+        self.collectives += 1
         start = time.perf_counter()
         try:
             start_collective(*args).Wait()
@@ -117,7 +137,7 @@ class MPICommunicator(TrafficCounters):
         """Every rank's 1-D or 2-D buffer end to end at the server. ``counts``: int64 [size],
         elements per rank, given at the server only (the server's own entry included). Returns
         the flat concatenation [sum(counts)] at the server, None elsewhere."""
-        buffer, mpi_type = _buffer(send)
+        buffer, mpi_type = _buffer(send, copied=True)
         if not self.is_server:
             self._timed(self.comm.Igatherv, [buffer, mpi_type], None, SERVER_RANK)
             self._count(buffer.nbytes, 0)
@@ -125,7 +145,7 @@ class MPICommunicator(TrafficCounters):
         counts = _checked_counts(counts)
         gathered = torch.empty(int(counts.sum()), dtype=send.dtype)
         self._timed(self.comm.Igatherv, [buffer, mpi_type],
-                    [gathered.numpy(), (counts, _displacements(counts)), mpi_type], SERVER_RANK)
+                    [_array(gathered), (counts, _displacements(counts)), mpi_type], SERVER_RANK)
         self._count(0, gathered.nbytes - buffer.nbytes)
         return gathered
 
@@ -134,10 +154,10 @@ class MPICommunicator(TrafficCounters):
         """The server's flat ``send`` cut into ``counts`` (int64 [size], elements per rank,
         server only); every rank gets its ``receive_count`` elements, flat."""
         received = torch.empty(int(receive_count), dtype=dtype)
-        target = [received.numpy(), MPI_TYPES[dtype]]
+        target = [_array(received), MPI.INT16_T if dtype in RAW_16_BIT else MPI_TYPES[dtype]]
         if self.is_server:
             counts = _checked_counts(counts)
-            buffer, mpi_type = _buffer(send)
+            buffer, mpi_type = _buffer(send, copied=True)
             self._timed(self.comm.Iscatterv, [buffer, (counts, _displacements(counts)), mpi_type],
                         target, SERVER_RANK)
             self._count(int(counts.sum()) * buffer.itemsize - received.nbytes, 0)
