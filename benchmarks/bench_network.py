@@ -12,10 +12,12 @@ Layout: the server and ``clients - remote`` clients on node1, ``remote`` clients
 links with tbf (``netns.tbf_arguments``: its bucket and queue), and a first, unshaped setting is
 the reference. Datasets: amazon-computers (random 8-client shards, data_prep) and products-0.1,
 the hard synthetic graph of 1/10 ogbn-products size (benchmarks/bench_products.py). Methods
-(``--methods``, default every one the registry has): ours (its default exchange, compact),
-ours-compact-reduce, ours-reduce, ours-star, ours-bf16 (compact with ``--wire-dtype bfloat16``),
-fedavg, and cagnet where ``--algo cagnet`` exists. ``--repeats R`` runs every setting R times in
-interleaved rounds (this machine's speed drifts) and reports medians.
+(``--methods``): ours (its default exchange, compact), ours-compact-reduce, ours-reduce,
+ours-star, ours-bf16 (compact with ``--wire-dtype bfloat16``), ours-full (``--sampling none``:
+one full-graph step per epoch), ours-full-bf16, fedavg, and cagnet where the registry has
+``--algo cagnet``; the default is all of them but ours-star and ours-full-bf16. ``--repeats R``
+runs every setting R times in interleaved rounds (this machine's speed drifts) and reports
+medians.
 
 Per setting, first ``benchmarks/link_probe.py`` under the same layout measures the latency of
 one small collective (lambda) and the bandwidth the link gives many clients at once (R). Per run
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -62,10 +65,12 @@ RUNS = {"ours": ("ours", []),
         "ours-reduce": ("ours", ["--exchange", "reduce"]),
         "ours-star": ("ours", ["--exchange", "star"]),
         "ours-bf16": ("ours", ["--wire-dtype", "bfloat16"]),
+        "ours-full": ("ours", ["--sampling", "none"]),
+        "ours-full-bf16": ("ours", ["--sampling", "none", "--wire-dtype", "bfloat16"]),
         "fedavg": ("fedavg", ["--algo", "fedavg"]),
         "cagnet": ("cagnet", ["--algo", "cagnet"])}
 AVAILABLE = tuple(name for name, (algo, _) in RUNS.items() if algo in METHODS)
-DEFAULT_RUNS = tuple(n for n in AVAILABLE if n not in ("ours-star", "ours-bf16"))
+DEFAULT_RUNS = tuple(n for n in AVAILABLE if n not in ("ours-star", "ours-full-bf16"))
 DATASETS = ("amazon-computers", "products-0.1")
 WAN_ONE_WAY_SECONDS = 0.010  # a 20 ms round trip
 WAN_RATES = {"1 Gb/s": 1e9, "100 Mb/s": 1e8}
@@ -194,11 +199,13 @@ def train(hosts: NamespaceHosts, slots: dict[int, int], shards: Path, run_dir: P
         process = subprocess.Popen(hosts.mpirun_command(args.clients + 1, argv, slots),
                                    env=subprocess_env(), cwd=REPO, stdout=log,
                                    stderr=subprocess.STDOUT)
+        code = None
         try:
             code = process.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
-            process.kill()
-            code = process.wait()
+            pass
+        finally:  # also when this benchmark is stopped: no run outlives it
+            code = code if code is not None else stop_run(process)
         time.sleep(3 * POLL_SECONDS)  # the last epoch's mark
     if code != 0:
         result.status = f"failed (exit {code}; see {run_dir.parent / run_dir.name}.log)"
@@ -216,6 +223,16 @@ def train(hosts: NamespaceHosts, slots: dict[int, int], shards: Path, run_dir: P
             result.link_bytes.append(link_bytes[k])
             result.link_packets.append(packets[k])
     return result
+
+
+def stop_run(process: subprocess.Popen) -> int:
+    """SIGTERM to mpirun (it ends its ranks), SIGKILL if it is still there after a while."""
+    process.terminate()
+    try:
+        return process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
 
 
 def probe_link(hosts: NamespaceHosts, slots: dict[int, int], rate: float | None,
@@ -287,7 +304,13 @@ def table(dataset: str, runs: list[Run], probes: dict, args: NetworkBenchArgs,
     return "\n".join(lines)
 
 
+def _stop(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds the with-blocks: the namespaces are removed
+
+
 def main() -> int:
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _stop)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_dataclass_arguments(parser, NetworkBenchArgs)
     args = dataclass_from_namespace(NetworkBenchArgs, parser.parse_args())
@@ -310,7 +333,7 @@ def main() -> int:
             for round_index in range(args.repeats):
                 for rate in rates:
                     hosts.shape(rate)
-                    where = args.work / "runs" / dataset / rate_label(rate).replace(" ", "")
+                    where = args.work / "runs" / dataset / rate_label(rate).replace(" ", "").replace("/", "")
                     where.mkdir(parents=True, exist_ok=True)
                     probes.setdefault(rate, []).append(
                         probe_link(hosts, slots, rate, args, where / "probe.json"))

@@ -94,6 +94,7 @@ class MPICommunicator(TrafficCounters):
         self.is_client = not self.is_server
         self._counting_exchange = False
         self._node: "MPI.Comm | None" = None  # the ranks of this node, split on first use
+        self._leaders: "tuple[MPI.Comm, MPI.Comm | None] | None" = None  # _host_groups
         # once, at start-up: messages and config.json name each rank's host
         self.hosts = self.comm.allgather(MPI.Get_processor_name())
         self.reset_counters()
@@ -211,12 +212,25 @@ class MPICommunicator(TrafficCounters):
     # -- small sums and gathers ------------------------------------------------------------
     def sum_to_all(self, values: torch.Tensor, segments: list[int] | None = None) -> torch.Tensor:
         """Sum a vector over ranks at the server, then broadcast the sum: every rank gets
-        bit-identical values (unlike an Allreduce, where that is not guaranteed)."""
+        bit-identical values (unlike an Allreduce, where that is not guaranteed). Where the
+        ranks run on several hosts, each host's ranks sum first and its first rank takes part
+        for them, so a host's link carries the vector once each way, not once per rank."""
         array, mpi_type = _buffer(values)
         total = torch.empty_like(values)
-        self._timed(self.comm.Ireduce, [array, mpi_type], [total.numpy(), mpi_type], MPI.SUM,
-                    SERVER_RANK)
-        self._timed(self.comm.Ibcast, [total.numpy(), mpi_type], SERVER_RANK)
+        groups = self._host_groups()
+        if groups is None:
+            self._timed(self.comm.Ireduce, [array, mpi_type], [total.numpy(), mpi_type],
+                        MPI.SUM, SERVER_RANK)
+            self._timed(self.comm.Ibcast, [total.numpy(), mpi_type], SERVER_RANK)
+        else:
+            node, leaders = groups
+            host_sum = torch.empty_like(values)
+            self._timed(node.Ireduce, [array, mpi_type], [host_sum.numpy(), mpi_type], MPI.SUM, 0)
+            if leaders is not None:  # the server leads its host: rank 0 of both groups
+                self._timed(leaders.Ireduce, [host_sum.numpy(), mpi_type],
+                            [total.numpy(), mpi_type], MPI.SUM, 0)
+                self._timed(leaders.Ibcast, [total.numpy(), mpi_type], 0)
+            self._timed(node.Ibcast, [total.numpy(), mpi_type], 0)
         if self.is_server:
             self._count(total.nbytes * (self.size - 1), array.nbytes * (self.size - 1))
         else:
@@ -296,9 +310,26 @@ class MPICommunicator(TrafficCounters):
 
     def node_allgather(self, value: Any) -> list[Any]:
         """Every value of the ranks sharing this rank's node, in their node order."""
+        return self._node_comm().allgather(value)
+
+    def _node_comm(self) -> "MPI.Comm":
+        """The ranks of this rank's node, in world order (collective on first use)."""
         if self._node is None:
             self._node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
-        return self._node.allgather(value)
+        return self._node
+
+    def _host_groups(self) -> "tuple[MPI.Comm, MPI.Comm | None] | None":
+        """(this node's ranks, the first rank of every node, None off those) where the world
+        spans several hosts, else None; made on first use, by every rank at once (the caller
+        is a collective)."""
+        if len(set(self.hosts)) < 2:
+            return None
+        if self._leaders is None:
+            node = self._node_comm()
+            leaders = self.comm.Split(0 if node.Get_rank() == 0 else MPI.UNDEFINED,
+                                      key=self.rank)
+            self._leaders = (node, None if leaders == MPI.COMM_NULL else leaders)
+        return self._leaders
 
     def wait_for_server(self, poll_seconds: float = 0.05) -> None:
         """A barrier that sleeps instead of spinning, so waiting clients leave the CPU to the

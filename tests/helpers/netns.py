@@ -45,6 +45,7 @@ from typing import Mapping, Sequence
 
 from fgl_common.launch import mpirun_path
 from tests.helpers import REPO
+from tests.helpers.slurm import _alive as process_alive
 
 PREFIX = "mpifgl-nh"
 SUBNET = "198.18.0.0/24"  # inside 198.18.0.0/15; Open MPI's TCP traffic is kept to it
@@ -98,16 +99,9 @@ def netns_names() -> list[str]:
 def _owner_alive(netns: str) -> bool:
     """Whether the process that made ``netns`` (its pid is in the name) still runs."""
     try:
-        pid = int(netns[len(PREFIX):].split("-")[1])
+        return process_alive(int(netns[len(PREFIX):].split("-")[1]))
     except (IndexError, ValueError):
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _kill_namespace_processes(netns: str, timeout: float = STOP_SECONDS) -> None:

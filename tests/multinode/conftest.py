@@ -3,8 +3,8 @@ stand in for cluster nodes. Where namespaces cannot be made here (not root, no `
 every test of the tier is skipped with the reason.
 
 Nothing outlives the tier: each fixture removes the namespaces it made in a ``finally`` (their
-processes, links and mounts go with them), and the session sweeps, before and after, whatever
-namespaces of this helper a killed session left behind."""
+processes, links and mounts go with them), and the test run sweeps first whatever namespaces of
+this helper a killed run left behind, and after, any of its own."""
 from __future__ import annotations
 
 import os
@@ -20,7 +20,7 @@ HOSTS = 3  # two for most jobs; the third shows a launch over more than two
 
 @pytest.fixture(scope="session", autouse=True)
 def no_namespace_left_behind():
-    """Leftovers of dead sessions are swept first; after the tier, none of ours is left."""
+    """Leftovers of dead runs are swept first; after the tier, none of ours is left."""
     sweep_leftovers()
     yield
     mine = [n for n in netns_names() if n.startswith(f"{PREFIX}-{os.getpid()}-")]

@@ -110,6 +110,20 @@ def test_ranks_go_where_asked_and_gpus_are_shared_out_per_host(hosts, launch_env
     assert [p["threads"] for p in placed][1:] == [1, 1, 1, 1]  # GPU clients: one core each
 
 
+@pytest.mark.timeout(120)
+def test_a_sum_over_every_rank_crosses_each_hosts_link_once(hosts, launch_env, tmp_path):
+    """The gradient sums' path (``sum_to_all``): node2's four ranks add up among themselves,
+    so node2's link carries the 8 MB vector once each way, not once per rank."""
+    vector = 8 * 2 ** 20
+    before = hosts.link_counters()["node2"]
+    run_ok(hosts.mpirun(6, [str(MPI_SCRIPTS / "probe_host_sums.py"), str(tmp_path / "out.json"),
+                            str(vector // 8)], {1: 2, 2: 4}, launch_env, timeout=100))
+    after = hosts.link_counters()["node2"]
+    assert json.loads((tmp_path / "out.json").read_text()) == []
+    for direction in ("tx_bytes", "rx_bytes"):  # start-up and headers add a few per cent
+        assert vector <= after[direction] - before[direction] < 1.5 * vector, direction
+
+
 def _start_training(hosts, launch_env, shards, run) -> subprocess.Popen:
     return subprocess.Popen(
         hosts.mpirun_command(5, [*TRAIN, "--shards", str(shards), "--out", str(run),
