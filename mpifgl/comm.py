@@ -42,6 +42,9 @@ MPI_TYPES = {torch.float32: MPI.FLOAT, torch.float64: MPI.DOUBLE,
              # --secure: masked values in the rings Z_2^32 / Z_2^64 (MPI_SUM wraps unsigned)
              torch.uint32: MPI.UINT32_T, torch.uint64: MPI.UINT64_T}
 MAX_MPI_COUNT = 2 ** 31 - 1  # MPI's int counts and displacements
+# --wire-dtype: 16-bit floats move as their bits (MPI has no bfloat16), so only through the
+# collectives that copy (gathers, scatters), never through a reduction
+RAW_16_BIT = (torch.bfloat16, torch.float16)
 
 
 def _checked_counts(counts: np.ndarray) -> np.ndarray:
@@ -58,14 +61,22 @@ def _displacements(counts: np.ndarray) -> np.ndarray:
     return offsets(counts)[:-1]
 
 
-def _buffer(tensor: torch.Tensor) -> tuple[np.ndarray, "MPI.Datatype"]:
-    """A host tensor as MPI's [buffer, type]: a numpy view of its contiguous memory."""
+def _buffer(tensor: torch.Tensor, copied: bool = False) -> tuple[np.ndarray, "MPI.Datatype"]:
+    """A host tensor as MPI's [buffer, type]: a numpy view of its contiguous memory. ``copied``:
+    the collective only moves the values, so 16-bit floats may travel as their bits."""
     if tensor.device.type != "cpu":
         raise ValueError(f"an MPI buffer on {tensor.device}: copy it to host memory first")
+    if copied and tensor.dtype in RAW_16_BIT:
+        return _array(tensor.contiguous()), MPI.INT16_T
     if tensor.dtype not in MPI_TYPES:
         raise ValueError(f"an MPI buffer of {tensor.dtype}, expected one of "
                          f"{', '.join(str(t) for t in MPI_TYPES)}")
     return tensor.contiguous().numpy(), MPI_TYPES[tensor.dtype]
+
+
+def _array(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy view of a contiguous host tensor; a 16-bit float's as int16 bits."""
+    return tensor.view(torch.int16).numpy() if tensor.dtype in RAW_16_BIT else tensor.numpy()
 
 
 class MPICommunicator(TrafficCounters):
@@ -94,12 +105,24 @@ class MPICommunicator(TrafficCounters):
         self.is_client = not self.is_server
         self._counting_exchange = False
         self._node: "MPI.Comm | None" = None  # the ranks of this node, split on first use
+        self._leaders: "tuple[MPI.Comm, MPI.Comm | None] | None" = None  # _host_groups
+        # once, at start-up: messages and config.json name each rank's host
+        self.hosts = self.comm.allgather(MPI.Get_processor_name())
         self.reset_counters()
 
     # -- accounting ------------------------------------------------------------------------
+    def reset_counters(self) -> None:
+        super().reset_counters()
+        self.collectives = 0  # each one at least a latency of the slowest link it crosses
+
+    def extra_counters(self) -> dict[str, int]:
+        """The buffer collectives since reset_counters (the server takes part in every one)."""
+        return {"collectives": self.collectives}
+
     def _timed(self, start_collective, *args) -> None:
-        """Run one non-blocking collective to completion, counting its wall time; the watchdog
-        sees the wait."""
+        """Run one non-blocking collective to completion, counting it and its wall time; the
+        watchdog sees the wait."""
+        self.collectives += 1
         watchdog = self.watchdog
         watchdog.wait = (self.name, start_collective)
         start = time.perf_counter()
@@ -139,7 +162,7 @@ class MPICommunicator(TrafficCounters):
         """Every rank's 1-D or 2-D buffer end to end at the server. ``counts``: int64 [size],
         elements per rank, given at the server only (the server's own entry included). Returns
         the flat concatenation [sum(counts)] at the server, None elsewhere."""
-        buffer, mpi_type = _buffer(send)
+        buffer, mpi_type = _buffer(send, copied=True)
         if not self.is_server:
             self._timed(self.comm.Igatherv, [buffer, mpi_type], None, SERVER_RANK)
             self._count(buffer.nbytes, 0)
@@ -147,7 +170,7 @@ class MPICommunicator(TrafficCounters):
         counts = _checked_counts(counts)
         gathered = torch.empty(int(counts.sum()), dtype=send.dtype)
         self._timed(self.comm.Igatherv, [buffer, mpi_type],
-                    [gathered.numpy(), (counts, _displacements(counts)), mpi_type], SERVER_RANK)
+                    [_array(gathered), (counts, _displacements(counts)), mpi_type], SERVER_RANK)
         self._count(0, gathered.nbytes - buffer.nbytes)
         return gathered
 
@@ -156,10 +179,10 @@ class MPICommunicator(TrafficCounters):
         """The server's flat ``send`` cut into ``counts`` (int64 [size], elements per rank,
         server only); every rank gets its ``receive_count`` elements, flat."""
         received = torch.empty(int(receive_count), dtype=dtype)
-        target = [received.numpy(), MPI_TYPES[dtype]]
+        target = [_array(received), MPI.INT16_T if dtype in RAW_16_BIT else MPI_TYPES[dtype]]
         if self.is_server:
             counts = _checked_counts(counts)
-            buffer, mpi_type = _buffer(send)
+            buffer, mpi_type = _buffer(send, copied=True)
             self._timed(self.comm.Iscatterv, [buffer, (counts, _displacements(counts)), mpi_type],
                         target, SERVER_RANK)
             self._count(int(counts.sum()) * buffer.itemsize - received.nbytes, 0)
@@ -213,12 +236,25 @@ class MPICommunicator(TrafficCounters):
     # -- small sums and gathers ------------------------------------------------------------
     def sum_to_all(self, values: torch.Tensor, segments: list[int] | None = None) -> torch.Tensor:
         """Sum a vector over ranks at the server, then broadcast the sum: every rank gets
-        bit-identical values (unlike an Allreduce, where that is not guaranteed)."""
+        bit-identical values (unlike an Allreduce, where that is not guaranteed). Where the
+        ranks run on several hosts, each host's ranks sum first and its first rank takes part
+        for them, so a host's link carries the vector once each way, not once per rank."""
         array, mpi_type = _buffer(values)
         total = torch.empty_like(values)
-        self._timed(self.comm.Ireduce, [array, mpi_type], [total.numpy(), mpi_type], MPI.SUM,
-                    SERVER_RANK)
-        self._timed(self.comm.Ibcast, [total.numpy(), mpi_type], SERVER_RANK)
+        groups = self._host_groups()
+        if groups is None:
+            self._timed(self.comm.Ireduce, [array, mpi_type], [total.numpy(), mpi_type],
+                        MPI.SUM, SERVER_RANK)
+            self._timed(self.comm.Ibcast, [total.numpy(), mpi_type], SERVER_RANK)
+        else:
+            node, leaders = groups
+            host_sum = torch.empty_like(values)
+            self._timed(node.Ireduce, [array, mpi_type], [host_sum.numpy(), mpi_type], MPI.SUM, 0)
+            if leaders is not None:  # the server leads its host: rank 0 of both groups
+                self._timed(leaders.Ireduce, [host_sum.numpy(), mpi_type],
+                            [total.numpy(), mpi_type], MPI.SUM, 0)
+                self._timed(leaders.Ibcast, [total.numpy(), mpi_type], 0)
+            self._timed(node.Ibcast, [total.numpy(), mpi_type], 0)
         if self.is_server:
             self._count(total.nbytes * (self.size - 1), array.nbytes * (self.size - 1))
         else:
@@ -299,9 +335,26 @@ class MPICommunicator(TrafficCounters):
 
     def node_allgather(self, value: Any) -> list[Any]:
         """Every value of the ranks sharing this rank's node, in their node order."""
+        return self._node_comm().allgather(value)
+
+    def _node_comm(self) -> "MPI.Comm":
+        """The ranks of this rank's node, in world order (collective on first use)."""
         if self._node is None:
             self._node = self._waiting(self.comm.Split_type, MPI.COMM_TYPE_SHARED, key=self.rank)
-        return self._waiting(self._node.allgather, value)
+        return self._node
+
+    def _host_groups(self) -> "tuple[MPI.Comm, MPI.Comm | None] | None":
+        """(this node's ranks, the first rank of every node, None off those) where the world
+        spans several hosts, else None; made on first use, by every rank at once (the caller
+        is a collective)."""
+        if len(set(self.hosts)) < 2:
+            return None
+        if self._leaders is None:
+            node = self._node_comm()
+            leaders = self._waiting(self.comm.Split, 0 if node.Get_rank() == 0 else MPI.UNDEFINED,
+                                    key=self.rank)
+            self._leaders = (node, None if leaders == MPI.COMM_NULL else leaders)
+        return self._leaders
 
     def wait_for_server(self, poll_seconds: float = 0.05) -> None:
         """A barrier that sleeps instead of spinning, so waiting clients leave the CPU to the

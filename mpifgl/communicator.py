@@ -17,6 +17,7 @@ mpi4py import); ``LocalComm`` below implements it for one process.
 """
 from __future__ import annotations
 
+import socket
 import sys
 from contextlib import contextmanager
 from typing import Any, ContextManager, Iterator, Protocol, runtime_checkable
@@ -50,6 +51,7 @@ class Communicator(Protocol):
     is_client: bool
     num_clients: int
     is_single_process: bool
+    hosts: list[str]  # every rank's host name, in rank order (the node the launcher put it on)
     # traffic since the last reset_counters: logical payload, what this rank contributed to a
     # collective is "sent", what it got back is "received"
     seconds: float
@@ -196,6 +198,7 @@ class LocalComm(TrafficCounters):
     is_server = is_client = is_single_process = True
 
     def __init__(self) -> None:
+        self.hosts = [socket.gethostname()]
         self.reset_counters()
 
     @contextmanager

@@ -31,6 +31,8 @@ CAGNET_ALGO = "cagnet"  # the method --replication belongs to
 AVERAGING_ALGOS = tuple(name for name, method in METHODS.items() if method.averages_models)
 ROUND_ALGOS = tuple(name for name, method in METHODS.items() if method.neighbour_round)
 HOPS = (0, 1, 2)
+WIRE_DTYPES = ("same", "bfloat16", "float16")
+NARROW_WIRE_EXCHANGES = tuple(name for name, entry in EXCHANGES.items() if entry.narrow_wire)
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,13 @@ class TrainConfig:
     exchange_buffer_mb: float = option(64.0, "most MB of exchange buffers a rank holds at once: "
                                               "larger exchanges run in chunks of rows (a chunk "
                                               "holds at least one row)")
+    wire_dtype: str = option("same", "the cross-client terms and sums on the wire: same (as "
+                                     "--dtype, exact) or a 16-bit float, bfloat16 or float16: "
+                                     "half the exchange's bytes for a rounding of every term "
+                                     "and sum (summed in --dtype at the server); lossy, so not "
+                                     "for the exactness claims. --exchange compact, not with "
+                                     "--secure; for slow links, see docs/scale.md",
+                             WIRE_DTYPES)
     secure: bool = option(False, "mask every value the server or a relaying rank handles: "
                                  "cross-client terms, weight gradients, loss and counts travel "
                                  "as fixed-point words plus pairwise keystreams (X25519 + "
@@ -219,6 +228,15 @@ class TrainConfig:
             raise ValueError(f"--secure with --exchange {self.exchange!r}: expected --exchange "
                              "compact (the dense and Reduce-tree modes are not masked; "
                              "docs/privacy.md says why)")
+        if self.wire_dtype != "same":
+            need(self.wire_dtype in WIRE_DTYPES, "wire-dtype", self.wire_dtype,
+                 f"one of {', '.join(WIRE_DTYPES)}")
+            if self.exchange not in NARROW_WIRE_EXCHANGES or self.secure:
+                raise ValueError(f"--wire-dtype {self.wire_dtype} with "
+                                 f"{'--secure' if self.secure else '--exchange ' + self.exchange}"
+                                 f": expected --exchange one of "
+                                 f"{', '.join(NARROW_WIRE_EXCHANGES)} without --secure (a "
+                                 "16-bit term cannot be summed by MPI or masked)")
         if self.exact_first_layer and self.algo not in EXACT_FIRST_ALGOS:
             raise ValueError(f"--exact-first-layer with --algo {self.algo!r}: expected --algo "
                              f"one of {', '.join(EXACT_FIRST_ALGOS)} (the methods that train "

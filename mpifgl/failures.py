@@ -178,11 +178,17 @@ def agree(comm: Communicator, work: Callable[[], T], server_only: bool = False) 
         messages = {message for _, _, message in errors}
         if len(messages) == 1 and (len(errors) > 1 or comm.size == 1 or server_only):
             raise SetupError(messages.pop())  # the same finding on every rank that failed
-        raise SetupError("\n".join(f"{rank_label(rank, client)}: {message}"
+        raise SetupError("\n".join(f"{rank_label(rank, client, host_of(comm, rank))}: {message}"
                                    for rank, client, message in errors))
     return result  # type: ignore[return-value]
 
 
-def rank_label(rank: int, client_id: int) -> str:
-    """``server (rank 0)`` or ``client 2 (rank 3)``."""
-    return f"server (rank {rank})" if rank == SERVER_RANK else f"client {client_id} (rank {rank})"
+def rank_label(rank: int, client_id: int, host: str = "") -> str:
+    """``server (rank 0)`` or ``client 2 (rank 3)``; with a host, ``client 2 (rank 3 on node2)``."""
+    where = f"rank {rank} on {host}" if host else f"rank {rank}"
+    return f"server ({where})" if rank == SERVER_RANK else f"client {client_id} ({where})"
+
+
+def host_of(comm: Communicator, rank: int) -> str:
+    """The host of ``rank`` where the job spans several hosts (messages name it), else ''."""
+    return comm.hosts[rank] if len(set(comm.hosts)) > 1 else ""

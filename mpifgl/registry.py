@@ -29,6 +29,8 @@ class Entry:
     summary: str
     # --secure can mask it (a method: its cross-client exchange; an exchange: its messages)
     maskable: bool = False
+    # an exchange whose values --wire-dtype may carry in 16 bits (the server sums, not MPI)
+    narrow_wire: bool = False
     short: str = ""  # a backbone's name in tables and legends ("GCN")
 
     def load(self) -> Any:
@@ -115,7 +117,7 @@ BACKBONES: dict[str, Entry] = _table(
 EXCHANGES: dict[str, Entry] = _table(
     Entry("compact", "mpifgl.exchange.compact:CompactExchange",
           "each client sends only its non-zero rows (ids once per sample), summed at the "
-          "server (Gatherv)", maskable=True),
+          "server (Gatherv)", maskable=True, narrow_wire=True),
     Entry("compact-reduce", "mpifgl.exchange.compact_reduce:CompactReduceExchange",
           "the same rows summed by MPI_Reduce over the rows any client touches (partial sums "
           "may be added on other client ranks)"),

@@ -307,8 +307,10 @@ class MaskedSums:
 
     def extra_counters(self) -> dict[str, int]:
         """Masked operations redone since reset_counters (a term outgrew its lagged range):
-        every rank runs the same redos, so any rank's count is the run's."""
-        return {"secure_redos": self.session.redos - self._redos_at_reset}
+        every rank runs the same redos, so any rank's count is the run's; and the inner
+        communicator's own counts."""
+        return {**self.inner.extra_counters(),
+                "secure_redos": self.session.redos - self._redos_at_reset}
 
     def counting_exchange(self) -> AbstractContextManager[None]:
         return self.inner.counting_exchange()

@@ -37,8 +37,8 @@ from mpifgl.communicator import Communicator, LocalComm
 from mpifgl.config import (TrainConfig, build_parser, parse_watchdog_seconds, resolved_path,
                            restart_command, resumed_config, resumes_in_place)
 from mpifgl.failures import (AgreedFailure, Interrupted, SetupError, agree, describe,
-                             describe_stall, exit_status, install_signal_handlers, rank_label,
-                             signals_ignored)
+                             describe_stall, exit_status, host_of, install_signal_handlers,
+                             rank_label, signals_ignored)
 from mpifgl.finite import NonFiniteError
 from mpifgl.graph import ClientGraph
 from mpifgl import hardware
@@ -422,6 +422,7 @@ def set_up(config: TrainConfig, comm: Communicator, progress: RankProgress,
                     "devices": [str(p.device) for p in placements],
                     "gpu_names": [p.gpu_name for p in placements],
                     "threads_per_rank": [p.threads for p in placements],
+                    "hosts": [p.host for p in placements],
                     **{key: run_info[key] for key in RECORDED_IN_CONFIG}}
         run_dir.write_json("config.json", resolved)
         log.info("config: %s", " ".join(f"{k}={v}" for k, v in sorted(config.to_dict().items())))
@@ -534,7 +535,32 @@ def describe_placements(placements: list[hardware.Placement]) -> str:
     threads = sorted({p.threads for p in placements})
     per_rank = "/".join(map(str, threads))
     where = ", ".join(f"{d} x {n}" if n > 1 else d for d, n in devices.items())
-    return f"{where}, {per_rank} thread{'s' if threads != [1] else ''} per rank"
+    return (f"{where}, {per_rank} thread{'s' if threads != [1] else ''} per rank"
+            f"{describe_hosts([p.host for p in placements])}")
+
+
+def describe_hosts(hosts: list[str]) -> str:
+    """Which ranks run where, when they run on several hosts: ' on 2 hosts (node1: ranks 0-4,
+    node2: ranks 5-8)'; empty on one host."""
+    ranks: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        ranks.setdefault(host, []).append(rank)
+    if len(ranks) < 2:
+        return ""
+    return (f" on {len(ranks)} hosts ("
+            + ", ".join(f"{host}: rank{'s' if len(r) > 1 else ''} {rank_ranges(r)}"
+                        for host, r in ranks.items()) + ")")
+
+
+def rank_ranges(ranks: list[int]) -> str:
+    """Ascending ranks in runs: [0, 1, 2, 4, 6, 7] -> '0-2,4,6-7'."""
+    runs: list[list[int]] = []
+    for rank in ranks:
+        if runs and rank == runs[-1][-1] + 1:
+            runs[-1].append(rank)
+        else:
+            runs.append([rank])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 def run_rank(comm: Communicator, progress: RankProgress, body: Callable[[], int]) -> int:
@@ -568,7 +594,8 @@ def report_and_abort(exc: BaseException, comm: Communicator, progress: RankProgr
         time.sleep(REPORT_STAGGER * min(comm.rank, MAX_STAGGERED_RANKS))
     if progress.config.verbose:
         traceback.print_exc()
-    who = "" if comm.is_single_process else f" on {rank_label(comm.rank, comm.client_id)}"
+    who = ("" if comm.is_single_process else
+           f" on {rank_label(comm.rank, comm.client_id, host_of(comm, comm.rank))}")
     if isinstance(exc, Interrupted):
         message = f"interrupted by {exc}{who} {progress.where()}"
     else:

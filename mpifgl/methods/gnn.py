@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from mpifgl.config import TrainConfig
-from mpifgl.exchange import CrossClientSums, build_exchange
+from mpifgl.exchange import WIRE_TYPES, CrossClientSums, build_exchange
 from mpifgl.graph import build_operator
 from mpifgl.model import LayerOperator, flatten, gradients, make_features, select_rows, unflatten
 from mpifgl.operators import SparseFeatures
@@ -104,7 +104,7 @@ class GNNMethod:
                 ([graph.x.shape[1]] if first else [])
             self.cross_sums = CrossClientSums(build_exchange(
                 comm, config.exchange, int(config.exchange_buffer_mb * 2 ** 20), max(widths),
-                self.dtype, setup.masking))
+                self.dtype, setup.masking, WIRE_TYPES.get(config.wire_dtype)))
             self.cross_sums.attach(self.model, first)
         if config.steps_per_epoch == 0:
             config = config.replace(steps_per_epoch=sampler.steps_per_epoch if sampler else 1)

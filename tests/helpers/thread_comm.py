@@ -8,6 +8,7 @@ wrap), no mpirun, and a test can look at every buffer the server receives.
 from __future__ import annotations
 
 import pickle
+import socket
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable
@@ -72,6 +73,7 @@ class ThreadComm(TrafficCounters):
         self.is_server = rank == 0
         self.is_client = rank > 0
         self.is_single_process = False
+        self.hosts = [socket.gethostname()] * world.size  # the threads are one node
         self.reset_counters()
         self._turn = 0  # which of the world's two slot sets the next collective uses
 
@@ -94,22 +96,22 @@ class ThreadComm(TrafficCounters):
 
     # -- buffer collectives (tensors in, tensors out; numpy inside, as MPI's views) ------------
     def gatherv(self, send: torch.Tensor, counts: np.ndarray | None) -> torch.Tensor | None:
-        shared = self._share(send.numpy().copy())
+        shared = self._share(_bits(send).copy())
         if not self.is_server:
             return None
         self._seen("gatherv", shared)
         flat = np.concatenate([s.ravel() for s in shared])
         assert flat.shape[0] == int(np.sum(counts)), "gatherv counts disagree with the buffers"
-        return torch.from_numpy(flat)
+        return _from_bits(flat, send.dtype)
 
     def scatterv(self, send, counts, receive_count: int, dtype) -> torch.Tensor:
-        mine = (send.numpy().ravel().copy(), np.asarray(counts)) if self.is_server else None
+        mine = (_bits(send).ravel().copy(), np.asarray(counts)) if self.is_server else None
         shared = self._share(mine)
         flat, counts = shared[0]
-        assert torch.from_numpy(flat[:0]).dtype == dtype, (flat.dtype, dtype)
+        assert _from_bits(flat[:0], dtype).dtype == dtype, (flat.dtype, dtype)
         start = int(np.sum(counts[:self.rank]))
         assert int(counts[self.rank]) == receive_count
-        return torch.from_numpy(flat[start:start + receive_count].copy())
+        return _from_bits(flat[start:start + receive_count].copy(), dtype)
 
     def reduce_sum(self, buffer: torch.Tensor) -> torch.Tensor | None:
         shared = self._share(buffer.numpy().copy())
@@ -217,3 +219,14 @@ class ThreadComm(TrafficCounters):
         buffer.copy_(torch.from_numpy(total))
         self._count(*allreduce_traffic(buffer.numel() * buffer.element_size(), self.size))
         return buffer
+
+RAW_16_BIT = (torch.bfloat16, torch.float16)  # moved as their bits, as mpifgl.comm moves them
+
+
+def _bits(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.view(torch.int16).numpy() if tensor.dtype in RAW_16_BIT else tensor.numpy()
+
+
+def _from_bits(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    tensor = torch.from_numpy(array)
+    return tensor.view(dtype) if dtype in RAW_16_BIT else tensor

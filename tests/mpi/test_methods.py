@@ -12,7 +12,8 @@ import torch
 
 from tests.helpers.graphs import random_parts, write_shards
 from tests.helpers.mpi import MPI_SCRIPTS, run_mpi, run_python
-from tests.helpers.runs import TINY, TRAIN, check_run_dir, metrics, run_ok
+from tests.helpers.runs import (TINY, TRAIN, check_run_dir, fedavg_one_client_equals_centralized,
+                                metrics, run_ok)
 PROBE_NC = str(MPI_SCRIPTS / "probe_fedavg_nc.py")
 
 
@@ -36,23 +37,7 @@ def test_bns_with_p1_equals_ours_full(toy_graph, toy_shards, tmp_path):
 @pytest.mark.mpi
 @pytest.mark.timeout(500)
 def test_fedavg_one_client_equals_centralized(toy_graph, toy_shards, tmp_path):
-    shard_dir = toy_shards(1)
-    common = ["--shards", str(shard_dir), "--epochs", "5", "--dtype", "float64",
-              "--dropout", "0", "--local-epochs", "1", *TINY]
-    run_ok(run_mpi(2, TRAIN + common + ["--algo", "fedavg", "--out", str(tmp_path / "fedavg")],
-                   timeout=240))
-    run_ok(run_python(TRAIN + common + ["--algo", "centralized", "--sampling", "none",
-                                        "--out", str(tmp_path / "central")], timeout=240))
-    weights = check_run_dir(tmp_path / "fedavg", toy_graph.num_nodes, toy_graph.num_classes, 5)
-    reference = torch.load(tmp_path / "central" / "model.pt")
-    fedavg, central = metrics(tmp_path / "fedavg"), metrics(tmp_path / "central")
-    for key in ("loss", "train_micro_f1", "test_micro_f1"):
-        assert np.allclose([r[key] for r in fedavg], [r[key] for r in central], atol=1e-10), key
-    assert weights.keys() == reference.keys()
-    for name in weights:
-        assert torch.allclose(weights[name], reference[name], atol=1e-10, rtol=0), name
-    assert np.allclose(np.load(tmp_path / "fedavg" / "logits.npy"),
-                       np.load(tmp_path / "central" / "logits.npy"), atol=1e-10)
+    fedavg_one_client_equals_centralized(toy_graph, toy_shards(1), tmp_path)
 
 
 @pytest.mark.mpi

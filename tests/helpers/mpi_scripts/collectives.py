@@ -50,6 +50,8 @@ def main(out: str) -> None:
                 gathered = comm.gatherv(mine, counts if server else None)
         else:
             gathered = comm.gatherv(mine, counts if server else None)
+        check(f"gatherv {name} counted as one collective {comm.extra_counters()}",
+              comm.extra_counters() == {"collectives": 1})
         if server:
             expected = torch.cat([(10 * r + torch.arange(r + 1)).to(dtype) for r in range(size)])
             check(f"gatherv {name} values", gathered.dtype == dtype

@@ -32,6 +32,7 @@ def test_defaults_are_the_papers_settings():
     ("fanouts", (), "--fanouts is '', expected comma-separated integers >= 1"),
     ("boundary_p", 0.0, "--boundary-p is 0.0"),
     ("saint_coverage", -1.0, "--saint-coverage is -1.0, expected a number >= 0"),
+    ("wire_dtype", "int8", "--wire-dtype is 'int8', expected one of same, bfloat16, float16"),
 ])
 def test_validation_names_flag_value_and_expectation(flag, value, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")
@@ -184,3 +185,12 @@ def test_help_shows_the_real_default_run_directory_name():
     pattern = r"runs/cora-ours-\d{8}-\d{6}\.\d{6}-(p\d+|j\d+(_\d+)?)$"
     assert re.match(pattern, example) and re.match(pattern, real), (example, real)
     assert "runs/<dataset>-<algo>-<date>-<time>.<microseconds>-" in text
+
+
+def test_a_16_bit_wire_needs_the_compact_exchange_and_no_masking():
+    TrainConfig(wire_dtype="bfloat16").validate()
+    for other in ({"exchange": "reduce"}, {"secure": True}):
+        with pytest.raises(ValueError, match="--wire-dtype float16 with --(exchange reduce|"
+                                             "secure): expected --exchange one of compact "
+                                             "without --secure"):
+            TrainConfig(wire_dtype="float16", **other).validate()

@@ -113,7 +113,8 @@ def islands_shards(tmp_path):
     return write_shards(graph, parts, tmp_path / "islands")
 
 
-def run_exchange(shard_dir, mode: str, buffer_mb: float, samples, width: int = 5):
+def run_exchange(shard_dir, mode: str, buffer_mb: float, samples, width: int = 5,
+                 wire_dtype=None, world=None):
     """Every rank's exchange of ``mode`` on its plan: per client (result, y, plan), from
     ThreadWorld ranks; the server's own result is [0, width]."""
     manifest = read_manifest(shard_dir)
@@ -121,7 +122,8 @@ def run_exchange(shard_dir, mode: str, buffer_mb: float, samples, width: int = 5
 
     def body(comm):
         graph = (ClientGraph.for_rank(str(shard_dir), manifest, comm.client_id))
-        exchange = build_exchange(comm, mode, int(buffer_mb * 2 ** 20), width, torch.float64)
+        exchange = build_exchange(comm, mode, int(buffer_mb * 2 ** 20), width, torch.float64,
+                                  wire_dtype=wire_dtype)
         plan = build_operator(graph, "gcn", samples, None, torch.float64, True).exchange
         exchange.prepare(plan)
         rows = plan.send_rows.shape[1] if plan.send_rows is not None else 0
@@ -130,7 +132,7 @@ def run_exchange(shard_dir, mode: str, buffer_mb: float, samples, width: int = 5
         added = exchange.run(plan, y, SLOT, total=torch.ones_like(y))
         return result, added, y, plan, plan.routing.num_chunks
 
-    return ThreadWorld(len(sizes) + 1).run(body)
+    return (world or ThreadWorld(len(sizes) + 1)).run(body)
 
 
 def expected_sums(results) -> list[np.ndarray]:
@@ -259,3 +261,28 @@ def test_the_servers_routing_counts_as_a_sort_would_and_refuses_bad_ids():
     for bad in (ids[0][::-1], np.repeat(ids[0], 2), np.append(ids[0], 200), ids[0] - 1):
         found = _server_routing([[bad], [ids[1]], [ids[2]]], plan, receive, 7, True)
         assert found[0].shape == (0,) and found[1] is None
+
+
+@pytest.mark.parametrize("wire", [torch.bfloat16, torch.float16])
+def test_a_16_bit_wire_rounds_the_terms_and_sums_and_carries_two_bytes_a_value(tmp_path, wire):
+    """--wire-dtype: the server receives 2-byte values, sums them in the run's dtype, and each
+    owner gets its sums rounded once more: within two roundings of the exact sums (per term
+    and per sum, relative to the terms' size), and in the run's dtype."""
+    shard_dir = islands_shards(tmp_path)
+    world = ThreadWorld(len(read_manifest(shard_dir).client_sizes()) + 1)
+    results = run_exchange(shard_dir, "compact", 64.0, None, wire_dtype=wire, world=world)
+    unit = torch.finfo(wire).eps
+    rounded = []
+    for (result, _, _, _, _), expected in zip(results[1:], expected_sums(results)):
+        assert result.dtype == torch.float64
+        scale = np.abs(expected).max(initial=1.0)
+        assert np.max(np.abs(result.numpy() - expected), initial=0.0) <= 4 * unit * scale
+        rounded.append(not np.array_equal(result.numpy(), expected))
+    assert rounded == [True, True, False]  # client 2 receives nothing
+    terms = [value for kind, _, value in world.server_received  # [rows, d]; the ids are 1-D
+             if kind == "gatherv" and value.ndim == 2]
+    assert terms and all(value.dtype.itemsize == 2 for value in terms)
+    with pytest.raises(ValueError, match="--wire-dtype with --exchange 'reduce': expected "
+                                         "--exchange one of compact"):
+        build_exchange(ThreadWorld(1).run(lambda comm: comm)[0], "reduce", 1024, 5,
+                       torch.float64, wire_dtype=wire)

@@ -6,7 +6,9 @@ import errno
 import os
 import signal
 
-from mpifgl.failures import SetupError, describe, describe_stall, signals_ignored
+import pytest
+
+from mpifgl.failures import SetupError, agree, describe, describe_stall, rank_label, signals_ignored
 from mpifgl.watchdog import Stall
 
 
@@ -75,3 +77,26 @@ def test_signals_are_ignored_while_a_failure_is_reported():
         os.kill(os.getpid(), signal.SIGTERM)  # would end pytest if it were not ignored
         assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
     assert {s: signal.getsignal(s) for s in saved} == saved
+
+
+class TwoHostWorld:
+    """What ``agree`` reads of a communicator: three ranks on two hosts; client 1 (rank 2)
+    failed."""
+
+    size = 3
+    hosts = ["node1", "node1", "node2"]
+
+    def agree_on_errors(self, error):
+        return [(2, 1, "/shards/client_1.h5: No such file or directory")]
+
+
+def test_an_agreed_error_names_the_host_of_the_failing_rank_when_there_are_several():
+    with pytest.raises(SetupError) as found:
+        agree(TwoHostWorld(), lambda: None)
+    assert str(found.value) == ("client 1 (rank 2 on node2): /shards/client_1.h5: No such file "
+                                "or directory")
+    one_host = TwoHostWorld()
+    one_host.hosts = ["node1"] * 3
+    with pytest.raises(SetupError, match=r"^client 1 \(rank 2\): /shards"):
+        agree(one_host, lambda: None)
+    assert rank_label(0, -1, "node1") == "server (rank 0 on node1)"

@@ -364,3 +364,16 @@ def test_running_out_of_memory_in_any_phase_is_one_line_with_what_to_change(
                                ), lines[0]
     assert "; use a smaller --hidden (now 8), or more memory for this process" in lines[0]
     assert (tmp_path / "run").exists() == (where != "during set-up")  # a run that never started
+
+
+def test_the_placement_names_the_hosts_only_when_there_are_several():
+    import torch
+    from mpifgl.hardware import Placement
+    from mpifgl.train import describe_placements, rank_ranges
+    cpu = torch.device("cpu")
+    spread = [Placement(cpu, 1, host=h) for h in ["node1"] * 5 + ["node2"] * 3 + ["node1"]]
+    assert describe_placements(spread) == ("cpu x 9, 1 thread per rank on 2 hosts (node1: ranks "
+                                           "0-4,8, node2: ranks 5-7)")
+    together = [Placement(cpu, 2, host="vm"), Placement(cpu, 1, host="vm")]
+    assert describe_placements(together) == "cpu x 2, 1/2 threads per rank"
+    assert rank_ranges([0, 1, 2, 4, 6, 7]) == "0-2,4,6-7" and rank_ranges([3]) == "3"
