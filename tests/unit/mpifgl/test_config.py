@@ -166,3 +166,9 @@ def test_help_shows_the_real_default_run_directory_name():
     pattern = r"runs/cora-ours-\d{8}-\d{6}\.\d{6}-(p\d+|j\d+(_\d+)?)$"
     assert re.match(pattern, example) and re.match(pattern, real), (example, real)
     assert "runs/<dataset>-<algo>-<date>-<time>.<microseconds>-" in text
+
+
+def test_config_rejects_a_buffer_cap_that_is_not_positive():
+    with pytest.raises(ValueError, match="--exchange-buffer-mb is 0.0, expected a positive"):
+        TrainConfig(exchange_buffer_mb=0.0).validate()
+    assert TrainConfig().exchange == "compact"
