@@ -517,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
         if saved is not None:
             config = config.replace(algo=saved[0].algo)
     method = get_method(config.algo)
-    config = method.with_defaults(config, explicit)
+    config = config.replace(**method.default_changes(explicit))
     if not method.distributed:
         return run_centralized(config, explicit)
     return run_distributed(config, explicit)

@@ -81,7 +81,7 @@ def test_centralized_is_full_batch_unless_sampling_is_asked_for():
                            (["--algo", "ours"], "label"), ([], "label")):
         config = parse_config(argv)
         explicit = explicit_dests(build_parser(), argv)
-        config = get_method(config.algo).with_defaults(config, explicit)
+        config = config.replace(**get_method(config.algo).default_changes(explicit))
         assert config.sampling == expected, argv
 
 
