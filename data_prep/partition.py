@@ -35,6 +35,9 @@ LABEL_SKEW_ROUNDS = 16  # interleaved draws per client (more = fairer, slower)
 DIRICHLET_MAX_DRAWS = 1000
 # FedSage+ gives every client at least this many nodes of every class, taken from the others
 LOUVAIN_MIN_PER_CLASS = 2
+# edges handed to igraph per call: its conversion of a Python-side edge list holds far more
+# memory per edge than the graph it builds, so the whole list at once would not fit at scale
+IGRAPH_EDGE_CHUNK = 1 << 21
 
 
 @dataclass
@@ -192,11 +195,17 @@ def louvain_communities(adjacency: sp.csr_matrix, seed: int) -> np.ndarray:
     import igraph
 
     n = adjacency.shape[0]
-    upper = sp.triu(adjacency, k=1).tocoo()  # every undirected edge once
-    edges = np.stack([upper.row, upper.col], axis=1)
-    del upper
-    graph = igraph.Graph(n=n, edges=edges, directed=False)
-    del edges
+    graph = igraph.Graph(n=n, directed=False)
+    indptr = adjacency.indptr
+    # rows cut where about 2 IGRAPH_EDGE_CHUNK entries (both directions) have been passed
+    cuts = np.searchsorted(indptr, np.arange(0, adjacency.nnz, 2 * IGRAPH_EDGE_CHUNK),
+                           side="right") - 1
+    bounds = np.unique(np.concatenate([[0], cuts, [n]]))
+    for low, high in zip(bounds[:-1], bounds[1:]):
+        sources = np.repeat(np.arange(low, high, dtype=np.int64), np.diff(indptr[low:high + 1]))
+        targets = adjacency.indices[indptr[low]:indptr[high]].astype(np.int64)
+        upper = targets > sources  # every undirected edge once
+        graph.add_edges(np.stack([sources[upper], targets[upper]], axis=1))
     igraph.set_random_number_generator(python_random.Random(seed))
     try:
         membership = graph.community_multilevel().membership

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from data_prep import partition
 from data_prep.config import PartitionConfig, SyntheticConfig
 from data_prep.graph import GraphData, stratified_split, seed_stream, undirected_adjacency
 from data_prep.partition import (check_assignment, cross_edge_fraction, deal_favoured_classes,
@@ -239,9 +240,10 @@ def test_fedsage_cuts_deals_and_fixes_classes_as_its_code_does():
     np.testing.assert_array_equal(relabelled, assignment)
 
 
-def test_louvain_keeps_communities_together_and_is_seeded():
+def test_louvain_keeps_communities_together_and_is_seeded(monkeypatch):
     graph = synthetic(nodes=2000, classes=8, avg_degree=10, homophily=0.95)
     louvain = partition_nodes(graph, 4, PartitionConfig("louvain"), seed=3)
+    monkeypatch.setattr(partition, "IGRAPH_EDGE_CHUNK", 100)  # the edges in 100 pieces
     again = partition_nodes(graph, 4, PartitionConfig("louvain"), seed=3)
     np.testing.assert_array_equal(louvain.assignment, again.assignment)
     random = partition_nodes(graph, 4, PartitionConfig("random"), seed=3)
