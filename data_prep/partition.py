@@ -21,7 +21,7 @@ import random as python_random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import scipy.sparse as sp
@@ -35,9 +35,8 @@ LABEL_SKEW_ROUNDS = 16  # interleaved draws per client (more = fairer, slower)
 DIRICHLET_MAX_DRAWS = 1000
 # FedSage+ gives every client at least this many nodes of every class, taken from the others
 LOUVAIN_MIN_PER_CLASS = 2
-# edges handed to igraph per call: its conversion of a Python-side edge list holds far more
-# memory per edge than the graph it builds, so the whole list at once would not fit at scale
-IGRAPH_EDGE_CHUNK = 1 << 21
+# edges turned into Python pairs at once while igraph reads the edge list (bounds that memory)
+IGRAPH_EDGE_CHUNK = 1 << 20
 
 
 @dataclass
@@ -194,24 +193,29 @@ def louvain_communities(adjacency: sp.csr_matrix, seed: int) -> np.ndarray:
     order drawn from a generator seeded with ``seed``."""
     import igraph
 
-    n = adjacency.shape[0]
-    graph = igraph.Graph(n=n, directed=False)
-    indptr = adjacency.indptr
-    # rows cut where about 2 IGRAPH_EDGE_CHUNK entries (both directions) have been passed
-    cuts = np.searchsorted(indptr, np.arange(0, adjacency.nnz, 2 * IGRAPH_EDGE_CHUNK),
-                           side="right") - 1
-    bounds = np.unique(np.concatenate([[0], cuts, [n]]))
-    for low, high in zip(bounds[:-1], bounds[1:]):
-        sources = np.repeat(np.arange(low, high, dtype=np.int64), np.diff(indptr[low:high + 1]))
-        targets = adjacency.indices[indptr[low]:indptr[high]].astype(np.int64)
-        upper = targets > sources  # every undirected edge once
-        graph.add_edges(np.stack([sources[upper], targets[upper]], axis=1))
+    graph = igraph.Graph(n=adjacency.shape[0], edges=_upper_edges(adjacency), directed=False)
     igraph.set_random_number_generator(python_random.Random(seed))
     try:
         membership = graph.community_multilevel().membership
     finally:
         igraph.set_random_number_generator(python_random)
     return np.asarray(membership, dtype=np.int64)
+
+
+def _upper_edges(adjacency: sp.csr_matrix) -> Iterator[tuple[int, int]]:
+    """Every undirected edge once, (u, v) with u < v, row by row: a generator igraph consumes in
+    one call. A numpy edge array would first be turned into Python objects for every edge,
+    several times the graph's own memory, and adding pieces one call at a time rebuilds
+    igraph's index at every call."""
+    indptr = adjacency.indptr
+    cuts = np.searchsorted(indptr, np.arange(0, adjacency.nnz, 2 * IGRAPH_EDGE_CHUNK),
+                           side="right") - 1
+    bounds = np.unique(np.concatenate([[0], cuts, [adjacency.shape[0]]]))
+    for low, high in zip(bounds[:-1], bounds[1:]):
+        sources = np.repeat(np.arange(low, high, dtype=np.int64), np.diff(indptr[low:high + 1]))
+        targets = adjacency.indices[indptr[low]:indptr[high]].astype(np.int64)
+        upper = targets > sources
+        yield from zip(sources[upper].tolist(), targets[upper].tolist())
 
 
 def fedsage_assignment(communities: np.ndarray, y: np.ndarray, num_clients: int,

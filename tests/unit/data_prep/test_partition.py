@@ -240,6 +240,15 @@ def test_fedsage_cuts_deals_and_fixes_classes_as_its_code_does():
     np.testing.assert_array_equal(relabelled, assignment)
 
 
+def test_igraph_reads_every_undirected_edge_once_in_pieces(monkeypatch):
+    graph = synthetic(nodes=300, classes=3, avg_degree=6)
+    monkeypatch.setattr(partition, "IGRAPH_EDGE_CHUNK", 50)
+    upper = graph.adjacency.tocoo()
+    keep = upper.row < upper.col
+    assert list(partition._upper_edges(graph.adjacency)) == \
+        list(zip(upper.row[keep].tolist(), upper.col[keep].tolist()))  # row by row, in order
+
+
 def test_louvain_keeps_communities_together_and_is_seeded(monkeypatch):
     graph = synthetic(nodes=2000, classes=8, avg_degree=10, homophily=0.95)
     louvain = partition_nodes(graph, 4, PartitionConfig("louvain"), seed=3)
