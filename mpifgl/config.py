@@ -293,7 +293,7 @@ class TrainConfig:
 
     def check_method_settings(self) -> None:
         """Raise ValueError where a flag clashes with the method (checked once the method's
-        defaults are applied: ``mpifgl.registry.Method.with_defaults``)."""
+        defaults are applied: ``mpifgl.registry.Method.default_changes``)."""
         if self.algo == CAGNET_ALGO and self.sampling != "none":
             raise ValueError(f"--sampling is {self.sampling!r}, expected none with --algo "
                              "cagnet (CAGNET is exact full-batch training)")

@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from mpifgl.config import TrainConfig
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -57,10 +54,10 @@ class Method(Entry):
         """This method's default of flag ``name`` (``fallback`` where it keeps TrainConfig's)."""
         return dict(self.defaults).get(name, fallback)
 
-    def with_defaults(self, config: "TrainConfig", explicit: set[str]) -> "TrainConfig":
-        """``config`` with this method's defaults for the flags not given explicitly."""
-        changes = {name: value for name, value in self.defaults if name not in explicit}
-        return config.replace(**changes) if changes else config
+    def default_changes(self, explicit: set[str]) -> dict[str, Any]:
+        """This method's defaults for the flags not given explicitly, for the caller's
+        ``config.replace(**changes)``."""
+        return {name: value for name, value in self.defaults if name not in explicit}
 
 
 def _table(*entries: Entry) -> dict[str, Any]:

@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import torch
-
 from fgl_common.cli import dataclass_from_namespace, explicit_dests
 from fgl_common.shard_format import (MANIFEST_NAME, ShardError, check_shard_against_manifest,
                                      default_shard_dir, describe_non_finite, file_sha256,
@@ -663,7 +661,7 @@ def main(argv: list[str] | None = None) -> int:
         if saved is not None:
             config = config.replace(algo=saved[0].algo)
     method = get_method(config.algo)
-    config = method.with_defaults(config, explicit)
+    config = config.replace(**method.default_changes(explicit))
     try:
         config.check_method_settings()  # a flag given may clash with the method's defaults
     except ValueError as exc:

@@ -15,8 +15,8 @@ from study.catalog import SECTIONS
 
 @dataclass(frozen=True)
 class StudyConfig:
-    """Every knob of the plan. The defaults are the paper's protocol at the size that fits
-    90 minutes on a 2-core machine (docs/experiments.md): one seed; pass --seeds 0,1,2 on a
+    """Every knob of the plan. The defaults are the paper's protocol at the size that fits the
+    time budget of a 2-core machine (docs/experiments.md): one seed; pass --seeds 0,1,2 on a
     bigger machine."""
 
     datasets: tuple[str, ...]

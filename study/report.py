@@ -539,12 +539,12 @@ def plan_section(plan: dict[str, Any], rows: list[RunRow]) -> list[str]:
         f"{config.get('client_counts')}; table 3 clients {config.get('overhead_clients')}; "
         f"figure 5: steps {config.get('step_lengths')} x sample size = "
         f"{config.get('fig5_nodes_fraction')} n / steps, {config.get('fig5_epochs')} epochs.",
-        f"- Table 2 / Figure 3 / Figure 4 / Table 3 use 8 clients unless stated, random "
-        f"partition with partition seed 0; the training seed varies. Every run writes its "
-        f"logits; local bias is measured against the centralized GCN with the same seed, the "
-        f"noise floors are centralized seed s vs seed s+1 (other initial weights and dropout) "
-        f"and vs seed s+1 with --init-seed s (same initial weights as the reference and as "
-        f"every distributed run of seed s; dropout differs): the like-for-like floor.",
+        "- Table 2 / Figure 3 / Figure 4 / Table 3 use 8 clients unless stated, random "
+        "partition with partition seed 0; the training seed varies. Every run writes its "
+        "logits; local bias is measured against the centralized GCN with the same seed, the "
+        "noise floors are centralized seed s vs seed s+1 (other initial weights and dropout) "
+        "and vs seed s+1 with --init-seed s (same initial weights as the reference and as "
+        "every distributed run of seed s; dropout differs): the like-for-like floor.",
         f"- runs planned: {len(rows)} ({', '.join(f'{k}: {v}' for k, v in sorted(counts.items()))});"
         f" estimated by the cost model {plan.get('estimated_seconds', 0) / 60:.1f} min; "
         f"measured: {run_seconds / 60:.1f} min in training subprocesses, "

@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -86,7 +87,7 @@ from mpifgl.model import LayerOperator, dropout_scale, layer_type, linear, make_
 from mpifgl.operators import CSRArrays, SparseMatrix, SparseOperator, numpy_dtype
 from mpifgl.registry import METHODS
 from mpifgl.secure import SecureSession
-from mpifgl.tensor_memory import SavedActivations
+from mpifgl.tensor_memory import SavedActivations, held_adjacency, tensor_report
 from mpifgl.trainer import PhaseTraffic, RankSetup
 
 ROUND = "pretrain"  # the slots of the round's exchanges, and its keys in metrics and final.json
@@ -351,6 +352,19 @@ class FedGCNMethod(FedAvgMethod):
         return FedGCNOperators(hidden, own_rows_operator(graph, external, degree,
                                                          config.backbone, dtype, device),
                                graph.num_nodes)
+
+
+    def rank_report(self) -> dict[str, Any]:
+        """This rank's tensors by kind (``mpifgl.tensor_memory.tensor_report``): the shard's
+        graph and features beside the round's rows and the client's operators, autograd's saved
+        tensors and FedAvg's two flat float64 vectors."""
+        parameters = sum(p.numel() for p in self.model.parameters())
+        operators = [op.inner for op in (self.local_operator.graph, self.local_operator.own)
+                     if op is not None]
+        return {"tensor_bytes": tensor_report(
+            [self.setup.graph.x, self.local_x], [held_adjacency(self.setup.graph), operators],
+            self.activations.peak, None, self.model, self.optimizer,
+            more_buffer_bytes=2 * (parameters + 2) * 8)}
 
 
 def build_fedgcn(setup: RankSetup) -> FedGCNMethod:

@@ -9,7 +9,7 @@ Two things that matter on small test machines:
 
 * The node advertises ``cpus`` CPUs (default 16) whatever the hardware has, via
   ``SlurmdParameters=config_overrides``; with the real 2 CPUs an ``sbatch -n 9`` job pends forever.
-* ``sbatch --wait`` only notices the end of a job about every 10 s; ``wait`` here polls
+* ``sbatch --wait`` notices the end of a job only at its next slow poll; ``wait`` here polls
   ``scontrol`` every 0.2 s instead.
 
 Use from pytest::

@@ -8,10 +8,9 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from tests.helpers.graphs import random_parts, write_shards
-from tests.helpers.mpi import MPI_SCRIPTS, run_mpi, run_python
+from tests.helpers.mpi import MPI_SCRIPTS, run_mpi
 from tests.helpers.runs import (TINY, TRAIN, check_run_dir, fedavg_one_client_equals_centralized,
                                 metrics, run_ok)
 PROBE_NC = str(MPI_SCRIPTS / "probe_fedavg_nc.py")

@@ -82,7 +82,7 @@ def test_centralized_is_full_batch_unless_sampling_is_asked_for():
                            (["--algo", "ours"], "label"), ([], "label")):
         config = parse_config(argv)
         explicit = explicit_dests(build_parser(), argv)
-        config = get_method(config.algo).with_defaults(config, explicit)
+        config = config.replace(**get_method(config.algo).default_changes(explicit))
         assert config.sampling == expected, argv
 
 
@@ -194,3 +194,9 @@ def test_a_16_bit_wire_needs_the_compact_exchange_and_no_masking():
                                              "secure): expected --exchange one of compact "
                                              "without --secure"):
             TrainConfig(wire_dtype="float16", **other).validate()
+
+
+def test_config_rejects_a_buffer_cap_that_is_not_positive():
+    with pytest.raises(ValueError, match="--exchange-buffer-mb is 0.0, expected a positive"):
+        TrainConfig(exchange_buffer_mb=0.0).validate()
+    assert TrainConfig().exchange == "compact"

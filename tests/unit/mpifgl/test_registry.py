@@ -95,3 +95,19 @@ def test_the_model_imports_no_communication():
     assert not {m for m in loaded if m.startswith(("mpifgl.exchange", "mpifgl.secure",
                                                     "mpifgl.comm", "mpifgl.keys"))}
     assert "mpi4py" not in {m.split(".")[0] for m in loaded}
+
+
+def test_the_registry_imports_no_module_of_the_program():
+    """mpifgl.config reads the registry, so the registry names no mpifgl module, not even for
+    typing: the two would import each other."""
+    from tests.unit.test_package_arrows import imported_modules
+
+    assert not {m for m in imported_modules(REPO / "mpifgl" / "registry.py")
+                if m.split(".")[0] == "mpifgl"}
+
+
+def test_a_methods_defaults_apply_only_to_the_flags_not_given():
+    centralized = METHODS["centralized"]
+    assert centralized.default_changes(set()) == {"sampling": "none"}
+    assert centralized.default_changes({"sampling"}) == {}
+    assert METHODS["ours"].default_changes(set()) == {}

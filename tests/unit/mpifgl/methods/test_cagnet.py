@@ -9,7 +9,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from fgl_common.shard_format import read_manifest
 from mpifgl.config import TrainConfig

@@ -102,7 +102,7 @@ def test_secure_round_gives_the_same_rows_and_the_server_only_ring_words(toy_gra
 def fedgcn_config(shard_dir, **flags) -> TrainConfig:
     """FedGCN's defaults (the registry's) under ``flags``, as ``mpifgl.train`` resolves them."""
     config = TrainConfig(shards=str(shard_dir), algo="fedgcn", **flags)
-    return get_method("fedgcn").with_defaults(config, set(flags))
+    return config.replace(**get_method("fedgcn").default_changes(set(flags)))
 
 
 def train_and_predict(shard_dir, config: TrainConfig, rounds: int):
@@ -183,13 +183,12 @@ def test_client_weights_train_nodes_or_one_and_none_without_training_nodes():
 
 def test_fedgcns_defaults_are_the_references_and_an_explicit_flag_wins():
     config = parse_args(["--algo", "fedgcn"], quiet=True)
-    resolved = get_method("fedgcn").with_defaults(config, {"algo"})
+    resolved = config.replace(**get_method("fedgcn").default_changes({"algo"}))
     assert (resolved.optimizer, resolved.lr, resolved.weight_decay, resolved.local_epochs,
             resolved.hidden, resolved.dropout, resolved.client_weights, resolved.hops,
             resolved.layers) == ("sgd", 0.5, 5e-4, 3, 16, 0.5, "uniform", 2, 2)
-    explicit = get_method("fedgcn").with_defaults(
-        parse_args(["--algo", "fedgcn", "--lr", "0.1", "--hops", "1"], quiet=True),
-        {"algo", "lr", "hops"})
+    given = parse_args(["--algo", "fedgcn", "--lr", "0.1", "--hops", "1"], quiet=True)
+    explicit = given.replace(**get_method("fedgcn").default_changes({"algo", "lr", "hops"}))
     assert (explicit.lr, explicit.hops, explicit.optimizer) == (0.1, 1, "sgd")
     assert parse_args([], quiet=True).optimizer == "adam"  # every other method's stays
 
