@@ -40,7 +40,9 @@ Departures from the reference (each also in docs/algorithms.md):
   the reference trains GraphSAGE-mean [64, 32] on mini-batches of 32 with fan-outs [5, 5], 20
   rounds of one local epoch at lr 1e-3, and evaluates it on the whole global graph;
 * hidden nodes: the reference's clients split their nodes 60/20/20 and hide half of the nodes in
-  neither train nor test; here the shards' split decides (``--neighgen-hide-from``);
+  neither train nor test; here the shards' split decides (``--neighgen-hide-from``), and NeighGen
+  and the classifier train on the same training nodes (the reference draws a second, 50/20
+  split for its classifier);
 * a client without training nodes trains no NeighGen and mends nothing (the reference has none);
   a client without an edge has no neighbour to offer and adds nothing to the others' terms (the
   reference would draw forever).
@@ -317,7 +319,8 @@ class FedSagePlusMethod(FedAvgMethod):
     """One rank's FedSage+: NeighGen at set-up (collective: the federated fGen phase routes
     rows through the server), then FedAvg on the mended local graph. ``setup_summary`` (the
     server's, into final.json): per rank the bytes of the federated phase, per client the
-    hidden and generated nodes and NeighGen's last losses."""
+    hidden and generated nodes, the rows and nodes it sends per federated epoch and NeighGen's
+    last losses."""
 
     def __init__(self, setup: RankSetup):
         comm, config = setup.comm, setup.config
