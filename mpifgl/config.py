@@ -22,6 +22,8 @@ from mpifgl.registry import (BACKBONES, CLIENT_WEIGHTS, EXCHANGES, METHODS, OPTI
 from mpifgl.watchdog import (ANSWER_SECONDS, EPOCHS_OF_TIMEOUT, FLOOR_SECONDS,
                              SETUP_SECONDS)
 
+HIDE_RULES = ("not-train-test", "val")  # --neighgen-hide-from (mpifgl.methods.neighgen)
+
 DTYPES = ("float32", "float64")
 # --secure masks the compact exchange of the distributed GNN (docs/privacy.md says why no other)
 SECURE_ALGOS = maskable(METHODS)
@@ -52,7 +54,8 @@ class TrainConfig:
     algo: str = option("ours", "ours = distributed model over MPI; centralized = same model code "
                                "on the whole graph in one process (the reference); baselines: "
                                "graphsage, graphsaint (centralized), fedavg, fedavg-nc, bns, "
-                               "cagnet, fedgcn (over MPI); see docs/algorithms.md", tuple(METHODS))
+                               "cagnet, fedgcn, fedsage-plus (over MPI); see docs/algorithms.md",
+                               tuple(METHODS))
     backbone: str = option("gcn", "; ".join(f"{e.name} = {e.summary}" for e in BACKBONES.values())
                            + ". gcn is the paper's; with sage the paper's sampler kept its margin "
                              "over centralized on a products-like proxy where gcn's collapsed "
@@ -132,10 +135,10 @@ class TrainConfig:
     # Baselines (docs/algorithms.md)
     local_epochs: int = option(1, "fedavg, fedavg-nc, fedgcn: local full-batch steps per round "
                                   "(one round per epoch)")
-    client_weights: str = option("train", "fedavg, fedavg-nc, fedgcn: each client's weight in the "
+    client_weights: str = option("train", "fedavg, fedavg-nc, fedgcn, fedsage-plus: each client's weight in the "
                                           "model average: train = its training nodes (FedAvg's "
                                           "n_k), uniform = 1 per client that has training nodes "
-                                          "(FedGCN's unweighted mean)", CLIENT_WEIGHTS)
+                                          "(FedGCN's and FedSage+'s unweighted mean)", CLIENT_WEIGHTS)
     hops: int | None = option(None, "fedgcn: what the pre-training round gives each client: 2 = "
                                     "the rows of (A + I) X of its nodes and of their one-hop "
                                     "neighbours (FedGCN 2-hop, the default), 1 = of its own "
@@ -162,6 +165,45 @@ class TrainConfig:
                                           "(PyG SAGEConv: mean aggregation and a root weight, the "
                                           "layer of OGB's products example and of GraphSAINT's "
                                           "own code)", ("backbone", "sage"))
+    # FedSage+ (docs/algorithms.md): NeighGen, the reference's settings (zkhku/fedsage)
+    neighgen_hide_from: str = option("not-train-test", "fedsage-plus: the nodes the impaired "
+                                                       "graph may hide: not-train-test = neither "
+                                                       "training nor test (the reference), val = "
+                                                       "validation nodes (FederatedScope, "
+                                                       "OpenFGL)", HIDE_RULES)
+    neighgen_hidden_portion: float = option(0.5, "fedsage-plus: share of those nodes hidden, with "
+                                                 "their edges, to make NeighGen's targets")
+    neighgen_num_pred: int = option(5, "fedsage-plus: most neighbours generated per node (K)")
+    neighgen_count_rounding: str = option("floor", "fedsage-plus: how the predicted count n^ "
+                                                   "becomes generated neighbours (greedy loss, "
+                                                   "mending): floor = the reference's cast to "
+                                                   "int, round = FederatedScope's",
+                                          ("floor", "round"))
+    neighgen_hidden: int = option(32, "fedsage-plus: hidden width of NeighGen's encoder and of its "
+                                      "classifier (the reference's one `hidden`)")
+    neighgen_latent: int = option(128, "fedsage-plus: width of the encoder's output z, the input "
+                                       "of dGen and fGen")
+    neighgen_generator_widths: tuple[int, ...] = option(
+        (256, 2048), "fedsage-plus: fGen's hidden widths, comma-separated (ReLU after each, "
+                     "dropout after the last, then K x features with tanh)")
+    neighgen_dropout: float = option(0.5, "fedsage-plus: NeighGen's dropout")
+    neighgen_lr: float = option(0.001, "fedsage-plus: NeighGen's Adam learning rate (both phases)")
+    neighgen_weight_decay: float = option(0.0001, "fedsage-plus: NeighGen's Adam weight decay")
+    neighgen_epochs: int = option(20, "fedsage-plus: full-batch epochs of local NeighGen training "
+                                      "(encoder, dGen, fGen and classifier)")
+    neighgen_fed_epochs: int = option(20, "fedsage-plus: epochs of federated fGen training (the "
+                                          "rest frozen): the other clients score the generated "
+                                          "rows against their own features")
+    neighgen_count_weight: float = option(1.0, "fedsage-plus: weight of the SmoothL1 loss of the "
+                                               "hidden-neighbour count")
+    neighgen_feature_weight: float = option(1.0, "fedsage-plus: weight of the greedy feature "
+                                                 "losses, the other clients' included")
+    neighgen_class_weight: float = option(1.0, "fedsage-plus: weight of the cross-entropy of "
+                                               "NeighGen's classifier on the mended impaired graph")
+    neighgen_chunk_rows: int = option(4096, "fedsage-plus: fGen runs in chunks of this many rows, "
+                                            "recomputed in the backward pass, so its widest "
+                                            "layer is never held for every node at once "
+                                            "(memory only; 0: all rows at once)")
     # Evaluation, reproducibility, outputs
     eval_every: int = option(1, "full-graph evaluation every this many epochs (the last epoch is "
                                 "always evaluated)")
@@ -206,7 +248,8 @@ class TrainConfig:
                 raise ValueError(f"--{flag} is {value!r}, expected {expected}")
         check_finite(self)  # every float flag is a finite number (NaN fails no range check)
         for name in ("algo", "backbone", "sampling", "exchange", "dtype", "feature_format",
-                     "saint_layer", "optimizer", "client_weights"):
+                     "saint_layer", "optimizer", "client_weights", "neighgen_hide_from",
+                     "neighgen_count_rounding"):
             choices = _choices(name)
             need(getattr(self, name) in choices, name.replace("_", "-"), getattr(self, name),
                  f"one of {', '.join(choices)}")
@@ -290,6 +333,25 @@ class TrainConfig:
         need(bool(self.fanouts) and all(v >= 1 for v in self.fanouts), "fanouts",
              ",".join(map(str, self.fanouts)),
              "comma-separated integers >= 1, one per layer (e.g. 25,10)")
+        need(0.0 <= self.neighgen_hidden_portion <= 1.0, "neighgen-hidden-portion",
+             self.neighgen_hidden_portion, "a fraction in [0, 1]")
+        for name in ("neighgen_num_pred", "neighgen_hidden", "neighgen_latent"):
+            need(getattr(self, name) >= 1, name.replace("_", "-"), getattr(self, name),
+                 "an integer >= 1")
+        need(bool(self.neighgen_generator_widths) and
+             all(v >= 1 for v in self.neighgen_generator_widths), "neighgen-generator-widths",
+             ",".join(map(str, self.neighgen_generator_widths)),
+             "comma-separated integers >= 1 (e.g. 256,2048)")
+        need(0.0 <= self.neighgen_dropout < 1.0, "neighgen-dropout", self.neighgen_dropout,
+             "a probability in [0, 1)")
+        need(self.neighgen_lr > 0, "neighgen-lr", self.neighgen_lr, "a positive number")
+        for name in ("neighgen_weight_decay", "neighgen_count_weight", "neighgen_feature_weight",
+                     "neighgen_class_weight"):
+            need(getattr(self, name) >= 0, name.replace("_", "-"), getattr(self, name),
+                 "a number >= 0")
+        for name in ("neighgen_epochs", "neighgen_fed_epochs", "neighgen_chunk_rows"):
+            need(getattr(self, name) >= 0, name.replace("_", "-"), getattr(self, name),
+                 "an integer >= 0")
 
     def check_method_settings(self) -> None:
         """Raise ValueError where a flag clashes with the method (checked once the method's
@@ -351,8 +413,9 @@ class TrainConfig:
         values = {k: v for k, v in values.items() if k in known}
         if isinstance(values.get("fanouts"), str):
             values["fanouts"] = CommaSeparated(int)(values["fanouts"])
-        if isinstance(values.get("fanouts"), list):
-            values["fanouts"] = tuple(values["fanouts"])
+        for f in fields(cls):  # JSON's lists back to the tuple fields' tuples
+            if isinstance(f.default, tuple) and isinstance(values.get(f.name), list):
+                values[f.name] = tuple(values[f.name])
         return cls(**values)
 
 

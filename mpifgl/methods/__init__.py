@@ -30,7 +30,10 @@ def build_trainer(config: TrainConfig, comm: Communicator, graph: ClientGraph, n
                   run_dir: RunDirectory | None = None,
                   run_info: dict[str, Any] | None = None, device: Any = "cpu") -> Trainer:
     """This rank's Trainer for ``config.algo`` on ``device`` (collective: every rank builds its
-    own)."""
+    own). A method's ``setup_summary`` (what its set-up did, e.g. the bytes it moved) joins
+    ``run_info`` and so final.json."""
     from mpifgl.trainer import RankSetup, Trainer
     setup = RankSetup.create(config, comm, graph, num_classes, device)
-    return Trainer(setup, get_method(config.algo).load()(setup), run_dir, run_info)
+    method = get_method(config.algo).load()(setup)
+    info = {**(run_info or {}), **getattr(method, "setup_summary", {})}
+    return Trainer(setup, method, run_dir, info)

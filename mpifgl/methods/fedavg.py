@@ -11,7 +11,7 @@ One round per epoch:
    flat float64 buffer) and every rank, the server included, continues from
    ``w = sum n_i w_i / sum n_i``, where n_i = number of the client's TRAINING nodes (FedAvg's
    n_k: the examples the local loss is averaged over); ``--client-weights uniform``: n_i = 1 for
-   every client with training nodes (FedGCN's unweighted mean), 0 for the others;
+   every client with training nodes (FedGCN's and FedSage+'s unweighted mean), 0 for the others;
 3. evaluation: each client predicts its own nodes with the averaged model on its local graph
    (all FedAvg can do; this is where local bias shows); counts are summed at the server by
    ``Trainer.evaluate``, and ``--save-logits`` writes these local-graph logits.
@@ -150,7 +150,9 @@ class FedAvgMethod:
     ``collect_neighbours`` (FedAvg+nc): add a share of the cross-client neighbours at set-up.
     Nothing is exchanged after set-up but the round's weighted sum."""
 
-    def __init__(self, setup: RankSetup, collect_neighbours: bool = False):
+    def __init__(self, setup: RankSetup, collect_neighbours: bool = False,
+                 local: LocalGraph | None = None):
+        """``local``: the graph to train on, made by the caller (FedSage+'s mended graph)."""
         config, comm, graph = setup.config, setup.comm, setup.graph
         if setup.global_split_counts["train"] == 0:
             raise ValueError(f"--algo {config.algo} needs training nodes: the shards have none")
@@ -158,7 +160,8 @@ class FedAvgMethod:
         self.config = config if config.steps_per_epoch else config.replace(steps_per_epoch=1)
         self.model, self.optimizer = setup.gnn_and_optimizer()
         self.collected = np.zeros(0, np.int64)  # client-ordered ids added (FedAvg+nc)
-        self.local = (self._collect_neighbours() if collect_neighbours else local_graph(graph))
+        self.local = local if local is not None else (
+            self._collect_neighbours() if collect_neighbours else local_graph(graph))
         device = setup.device
         self.local_x = make_features(self.local.x, setup.dtype, config.feature_format,
                                      device=device)

@@ -205,7 +205,7 @@ def test_fedgcns_defaults_are_the_references_and_an_explicit_flag_wins():
                                                    "expected --exchange compact"),
     (["--algo", "ours", "--client-weights", "uniform"], "--client-weights uniform with --algo "
                                                         "'ours': expected --algo one of fedavg, "
-                                                        "fedavg-nc, fedgcn"),
+                                                        "fedavg-nc, fedsage-plus, fedgcn"),
     (["--algo", "fedgcn", "--optimizer", "rmsprop"], "argument --optimizer: invalid choice"),
     (["--algo", "fedgcn", "--hops", "two"], "argument --hops: invalid int value"),
 ])
