@@ -45,6 +45,9 @@ class Method(Entry):
     whole_graph_gnn: bool = False
     # Flag defaults of this method that differ from TrainConfig's; an explicit flag wins.
     defaults: tuple[tuple[str, Any], ...] = ()
+    # the server loads every shard and holds the whole graph (LLCG's correction needs it; the
+    # start line and docs/privacy.md say so); else it opens no shard
+    server_loads_graph: bool = False
 
     def with_defaults(self, config: "TrainConfig", explicit: set[str]) -> "TrainConfig":
         """``config`` with this method's defaults for the flags not given explicitly."""
@@ -78,6 +81,11 @@ METHODS: dict[str, Method] = _table(
     Method("bns", "mpifgl.methods.bns:build_bns",
            "BNS-GCN boundary-node sampling in the distributed model (Wan et al., MLSys 2022)",
            maskable=True, whole_graph_gnn=True),
+    # the reference's local batch and fan-out (MortezaRamezani/llcg, docs/algorithms.md)
+    Method("llcg", "mpifgl.methods.llcg:build_llcg",
+           "LLCG: periodic averaging of local neighbour-sampled steps, corrected on the whole "
+           "graph at the server (Ramezani et al., ICLR 2022)",
+           defaults=(("batch_size", 256), ("fanouts", (10, 10))), server_loads_graph=True),
 )
 
 BACKBONES: dict[str, Entry] = _table(
