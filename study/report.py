@@ -27,11 +27,11 @@ from study.rundir import read_json, read_metrics
 # -- the paper's numbers (PubMed, 8 clients, random partition; Table 2 / 4 / 5, section 4) -------
 PAPER_TABLE2_PUBMED = {"ours": 89.90, "ours-1gnn": 90.70, "centralized": 87.80,
                        "centralized-1gnn": 90.50, "graphsage": 90.10, "graphsaint": 89.20,
-                       "fedavg": 87.70, "fedavg-nc": None, "bns": 90.20}
+                       "fedavg": 87.70, "fedavg-nc": None, "bns": 90.20, "llcg": 89.20}
 PAPER_TABLE2_OTHERS = {"ours": (95.54, 79.15), "ours-1gnn": (96.12, 76.28),
                        "centralized": (93.30, 75.64), "graphsage": (95.40, 78.50),
                        "graphsaint": (96.60, 79.08), "fedavg": (91.86, 71.51),
-                       "bns": (96.30, 78.66)}  # Reddit, ogbn-products
+                       "bns": (96.30, 78.66), "llcg": (96.47, 74.00)}  # Reddit, ogbn-products
 PAPER_TABLE5_PUBMED = {"ours-full": 87.60, "ours-star": 89.70, "ours": 90.10}
 PAPER_CROSS_EDGES = {4: 74.86, 8: 87.33, 16: 93.56, 32: 96.68}  # Figure 3, percent
 # Table 4, PubMed: (training seconds per epoch, memory MB per client); CAGNET is the full-batch

@@ -46,7 +46,7 @@ def test_sections_name_catalog_methods_only():
     for section in SECTIONS:
         assert methods_of(section) and all(m in METHODS for m in methods_of(section)), section
     assert REFERENCE_METHOD in METHODS and not METHODS[REFERENCE_METHOD].distributed
-    assert methods_of("table2")[0] == "ours" and len(methods_of("table2")) == 9
+    assert methods_of("table2")[0] == "ours" and len(methods_of("table2")) == 10
     assert methods_of("table5") == ("ours-full", "ours-star", "ours")
 
 

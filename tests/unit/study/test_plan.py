@@ -67,7 +67,7 @@ def test_minibatch_baselines_get_about_as_many_steps_as_full_batch_methods():
 
 def test_plan_only_and_quick():
     plan = _plan(only=("table2",), seeds=(0,))
-    assert len(plan.runs) == 2 * 9 and all(p.sections == ["table2"] for p in plan.runs.values())
+    assert len(plan.runs) == 2 * 10 and all(p.sections == ["table2"] for p in plan.runs.values())
     big = _plan(only=("table2",), datasets=("cora", "amazon-computers"), seeds=(0,),
                 dataset_epochs=(("amazon-computers", 40),))
     assert {p.spec.epochs for p in big.runs.values() if p.spec.dataset != "cora"} == {40}
