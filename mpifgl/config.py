@@ -54,7 +54,7 @@ class TrainConfig:
     algo: str = option("ours", "ours = distributed model over MPI; centralized = same model code "
                                "on the whole graph in one process (the reference); baselines: "
                                "graphsage, graphsaint (centralized), fedavg, fedavg-nc, bns, "
-                               "cagnet, fedgcn, fedsage-plus (over MPI); see docs/algorithms.md",
+                               "cagnet, fedgcn, fedsage-plus, llcg (over MPI); see docs/algorithms.md",
                                tuple(METHODS))
     backbone: str = option("gcn", "; ".join(f"{e.name} = {e.summary}" for e in BACKBONES.values())
                            + ". gcn is the paper's; with sage the paper's sampler kept its margin "
@@ -150,10 +150,11 @@ class TrainConfig:
                                  "m clients form m/c block rows of c ranks each, which hold the "
                                  "same rows (c times the memory, about 1/c of the broadcast "
                                  "bytes); c must divide m; 1 = CAGNET's 1D algorithm")
-    fanouts: tuple[int, ...] = option((25, 10), "graphsage: neighbours sampled per layer, "
-                                                "comma-separated")
+    fanouts: tuple[int, ...] = option((25, 10), "graphsage, llcg: neighbours sampled per layer, "
+                                                "comma-separated (llcg's default: 10 per layer, "
+                                                "the reference's)")
     batch_size: int = option(512, "graphsage: seed nodes per mini-batch; graphsaint: walk roots "
-                                  "per subgraph")
+                                  "per subgraph; llcg: draws per local step (default 256)")
     walk_length: int = option(2, "graphsaint: random-walk length")
     saint_coverage: float = option(100.0, "graphsaint: pre-sample subgraphs until every node was "
                                           "drawn this many times on average, to estimate the "
@@ -204,6 +205,33 @@ class TrainConfig:
                                             "recomputed in the backward pass, so its widest "
                                             "layer is never held for every node at once "
                                             "(memory only; 0: all rows at once)")
+    llcg_local_steps: int = option(64, "llcg: K, neighbour-sampled Adam steps per client per "
+                                       "round (one round per epoch; the reference's K = 64)")
+    llcg_server_steps: int = option(1, "llcg: S, the server's correction steps per round on "
+                                       "the whole graph (the reference's 1); 0: periodic "
+                                       "averaging of the local steps alone")
+    llcg_server_lr: float = option(1e-3, "llcg: Adam learning rate of the correction steps (the "
+                                         "reference's default; its Reddit and arXiv settings "
+                                         "use 1e-2)")
+    llcg_server_batch_size: int = option(0, "llcg: draws per correction step; 0: --batch-size "
+                                            "(the reference hands its server's neighbour sampler "
+                                            "the local batch size)")
+    llcg_seeds: str = option("all", "llcg: what a step draws its batch from, uniformly with "
+                                    "replacement: all = every node of the graph, the loss on "
+                                    "the training nodes drawn (the reference); train = the "
+                                    "training nodes only", ("all", "train"))
+    llcg_rho: float = option(1.0, "llcg: rho >= 1, round r runs ceil(K / rho^r) local steps "
+                                  "(the reference's default 1: K every round; its Reddit "
+                                  "setting 1.1)")
+    llcg_grow_k: bool = option(False, "llcg: the rho schedule reversed, K_r = ceil(K / "
+                                      "rho^(E-1-r)) growing to K in the last round (the "
+                                      "reference's inc_k)")
+    llcg_sync_moments: bool = option(True, "llcg: keep the server's own Adam moments across "
+                                           "rounds instead of taking the clients' "
+                                           "training-size-weighted average before the "
+                                           "correction (the reference's server_opt_sync, on in "
+                                           "its d2gnncor mode)",
+                                     flag="--llcg-no-sync-moments")
     # Evaluation, reproducibility, outputs
     eval_every: int = option(1, "full-graph evaluation every this many epochs (the last epoch is "
                                 "always evaluated)")
@@ -249,7 +277,7 @@ class TrainConfig:
         check_finite(self)  # every float flag is a finite number (NaN fails no range check)
         for name in ("algo", "backbone", "sampling", "exchange", "dtype", "feature_format",
                      "saint_layer", "optimizer", "client_weights", "neighgen_hide_from",
-                     "neighgen_count_rounding"):
+                     "neighgen_count_rounding", "llcg_seeds"):
             choices = _choices(name)
             need(getattr(self, name) in choices, name.replace("_", "-"), getattr(self, name),
                  f"one of {', '.join(choices)}")
@@ -352,6 +380,20 @@ class TrainConfig:
         for name in ("neighgen_epochs", "neighgen_fed_epochs", "neighgen_chunk_rows"):
             need(getattr(self, name) >= 0, name.replace("_", "-"), getattr(self, name),
                  "an integer >= 0")
+
+        need(self.llcg_local_steps >= 1, "llcg-local-steps", self.llcg_local_steps,
+             "an integer >= 1")
+        need(self.llcg_server_steps >= 0, "llcg-server-steps", self.llcg_server_steps,
+             "an integer >= 0 (0: no correction)")
+        need(self.llcg_server_lr > 0, "llcg-server-lr", self.llcg_server_lr, "a positive number")
+        need(self.llcg_server_batch_size >= 0, "llcg-server-batch-size",
+             self.llcg_server_batch_size, "an integer >= 1, or 0 for --batch-size")
+        need(self.llcg_rho >= 1.0, "llcg-rho", self.llcg_rho, "a number >= 1 (K / rho^r "
+             "shrinks K; below 1 it would grow without bound: --llcg-grow-k grows it to K)")
+        if self.algo == "llcg":
+            need(len(self.fanouts) == self.layers, "fanouts", ",".join(map(str, self.fanouts)),
+                 f"one value per layer with --algo llcg (--layers {self.layers}: e.g. "
+                 f"{','.join(['10'] * self.layers)})")
 
     def check_method_settings(self) -> None:
         """Raise ValueError where a flag clashes with the method (checked once the method's

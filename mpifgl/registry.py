@@ -49,6 +49,9 @@ class Method(Entry):
     averages_models: bool = False
     # a pre-training round of neighbour-feature sums (FedGCN): --hops applies
     neighbour_round: bool = False
+    # the server loads every shard and holds the whole graph (LLCG's correction needs it; the
+    # start line and docs/privacy.md say so); else it opens no shard
+    server_loads_graph: bool = False
 
     def default(self, name: str, fallback: Any = None) -> Any:
         """This method's default of flag ``name`` (``fallback`` where it keeps TrainConfig's)."""
@@ -106,6 +109,11 @@ METHODS: dict[str, Method] = _table(
            defaults=(("optimizer", "sgd"), ("lr", 0.5), ("weight_decay", 5e-4),
                      ("local_epochs", 3), ("hidden", 16), ("dropout", 0.5),
                      ("client_weights", "uniform"), ("hops", 2))),
+    # the reference's local batch and fan-out (MortezaRamezani/llcg, docs/algorithms.md)
+    Method("llcg", "mpifgl.methods.llcg:build_llcg",
+           "LLCG: periodic averaging of local neighbour-sampled steps, corrected on the whole "
+           "graph at the server (Ramezani et al., ICLR 2022)",
+           defaults=(("batch_size", 256), ("fanouts", (10, 10))), server_loads_graph=True),
 )
 
 BACKBONES: dict[str, Entry] = _table(

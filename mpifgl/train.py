@@ -139,8 +139,9 @@ def parse_args(argv: list[str] | None, quiet: bool) -> TrainConfig:
         parser.print_usage = lambda *a, **k: None  # type: ignore[method-assign]
         parser._print_message = lambda *a, **k: None  # type: ignore[method-assign]
     config = dataclass_from_namespace(TrainConfig, parser.parse_args(argv))
-    try:
-        config.validate()
+    explicit = explicit_dests(parser, argv if argv is not None else sys.argv[1:])
+    try:  # checked as the method runs it: its defaults for the flags not given
+        config.replace(**get_method(config.algo).default_changes(explicit)).validate()
     except ValueError as exc:
         if not quiet:
             parser.print_usage(sys.stderr)
@@ -197,6 +198,16 @@ def load_rank_graph(config: TrainConfig, comm: Communicator, manifest) -> Client
     if not comm.is_client:
         return ClientGraph.empty(sizes, manifest.num_features)
     return ClientGraph.from_shard(load_checked_shard(config, manifest, comm.client_id), sizes)
+
+
+def load_whole_graph(config: TrainConfig, comm: Communicator, manifest) -> ClientGraph | None:
+    """Every shard, merged, on the server of a method whose server holds the whole graph
+    (the registry's ``server_loads_graph``: LLCG); None on every other rank and method."""
+    if comm.is_single_process or not comm.is_server or \
+            not get_method(config.algo).server_loads_graph:
+        return None
+    return ClientGraph.merged([load_checked_shard(config, manifest, i)
+                               for i in range(manifest.num_clients)])
 
 
 def load_checked_shard(config: TrainConfig, manifest, client_id: int):
@@ -374,14 +385,14 @@ def set_up(config: TrainConfig, comm: Communicator, progress: RankProgress,
     hardware.apply(placement)
     progress.phase = "while taking the run directory and loading the shards"
 
-    def claim_and_load() -> ClientGraph:
+    def claim_and_load() -> tuple[ClientGraph, ClientGraph | None]:
         # The run directory is taken (lock) before anything is written, and before the last
         # agreement point, so a run directory that cannot be created stops every rank here
         # (a resume in place took it already).
         if comm.is_server and progress.run_dir is None:
             progress.run_dir = claim_run_dir(config.out, config.force, False, exclusive)
-        return load_rank_graph(config, comm, manifest)
-    graph = agree(comm, claim_and_load)
+        return load_rank_graph(config, comm, manifest), load_whole_graph(config, comm, manifest)
+    graph, whole_graph = agree(comm, claim_and_load)
     progress.phase = "during set-up"
     run_dir = progress.run_dir
     if run_dir is not None and run_dir.leftovers:
@@ -398,12 +409,14 @@ def set_up(config: TrainConfig, comm: Communicator, progress: RankProgress,
                 "graph_description": describe_graph(manifest.raw)}
     if run_dir is not None:  # the server: whose records these are, and where it continued from
         run_info.update(run_identity(config, checkpoint))
+    if get_method(config.algo).server_loads_graph:
+        run_info["server_holds_whole_graph"] = True
     placements = comm.gather_objects(placement)
     if placements is not None:
         run_info["placement"] = describe_placements(placements)
     # collective: checks, with one sum over ranks, that the shards are one partition
     trainer = build_trainer(config, comm, graph, manifest.num_classes, run_dir, run_info,
-                            placement.device)
+                            placement.device, whole_graph)
     if config.resume:
         trainer.load_checkpoint(checkpoint)
         if run_dir is not None:
@@ -451,6 +464,10 @@ def start_line(config: TrainConfig, trainer: Trainer, comm: Communicator) -> str
     mpirun (which drops every later line)."""
     where = (f"({trainer.graph.num_nodes} nodes)" if comm.is_single_process
              else f"over {comm.num_clients} clients")
+    whole = trainer.setup.whole_graph
+    if whole is not None:  # LLCG as published: not federated (docs/privacy.md)
+        where += (f", the server holding the whole graph ({whole.num_nodes} nodes, "
+                  f"{whole.inner.nnz} directed edges, features and labels)")
     launch = f"mpirun -n {comm.size} " if comm.size > 1 else ""
     out = shlex.quote(config.out)
     every = ("every epoch" if config.checkpoint_every == 1

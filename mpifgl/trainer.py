@@ -16,8 +16,9 @@ from __future__ import annotations
 import logging
 import resource
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Iterator, Protocol
 
 import numpy as np
 import torch
@@ -92,10 +93,14 @@ class RankSetup:
     device: torch.device = torch.device("cpu")  # where this rank computes (--device)
     # the finite rule: a method's sum over ranks reports its share here (mpifgl.finite)
     finite: FiniteGuard | None = None
+    # the merged graph, on the server of a method whose server holds it (registry's
+    # ``server_loads_graph``); None elsewhere. The sums above count the clients' shards only
+    whole_graph: ClientGraph | None = None
 
     @classmethod
     def create(cls, config: TrainConfig, comm: Communicator, graph: ClientGraph,
-               num_classes: int, device: torch.device | str = "cpu") -> "RankSetup":
+               num_classes: int, device: torch.device | str = "cpu",
+               whole_graph: ClientGraph | None = None) -> "RankSetup":
         """One sum over ranks gives the global group counts (for the sampler) and split sizes,
         and checks that the clients' shards form one partition of one graph (every --algo and
         --exchange; a SetupError on every rank otherwise); with --secure the keys are agreed
@@ -122,7 +127,8 @@ class RankSetup:
                    groups, totals[:num_classes + 1],
                    dict(zip(SPLITS, (int(v) for v in totals[num_classes + 1:counts.shape[0]]))),
                    np.random.default_rng(int(seeds[0])), dropout_stream(int(seeds[1]), device),
-                   masking, device, FiniteGuard(comm, sum_keeps_non_finite=masking is None))
+                   masking, device, FiniteGuard(comm, sum_keeps_non_finite=masking is None),
+                   whole_graph)
 
     def gnn_and_optimizer(self) -> tuple[GNN, "Adam | SGD"]:
         """The configured GNN (same initial weights on every rank) and its optimizer."""
@@ -188,7 +194,8 @@ def check_partition(total: np.ndarray, client_sizes: np.ndarray, shards: str,
 
 class TrainingMethod(Protocol):
     """One rank's side of a method (``--algo``): what the run loop calls. ``train_step`` and
-    ``full_logits`` are collective."""
+    ``full_logits`` are collective. Optional: ``phases`` (a ``PhaseMeter``: the epoch's phases
+    in metrics.jsonl) and ``evaluated_nodes`` (``Trainer.evaluated_nodes``)."""
 
     config: TrainConfig  # resolved against the graph (sample size, steps per epoch)
     model: torch.nn.Module
@@ -233,6 +240,42 @@ class PhaseTraffic:
         return {f"{phase}_bytes_sent": [int(v) for v in table[:, 0]],
                 f"{phase}_bytes_received": [int(v) for v in table[:, 1]],
                 f"{phase}_seconds": float(table[:, 2].max())}
+
+
+class PhaseMeter:
+    """Seconds and bytes (sent + received) of a method's named phases in the current epoch, on
+    this rank: the method wraps each phase in ``with phases("name"):`` and keeps the meter as its
+    ``phases``; the Trainer resets it every epoch and writes ``phases`` to metrics.jsonl,
+    {name: {"seconds": [per rank], "bytes": [per rank]}} (rank 0 the server)."""
+
+    def __init__(self, comm: Communicator, names: tuple[str, ...]):
+        self.comm, self.names = comm, tuple(names)
+        self.reset()
+
+    def reset(self) -> None:
+        self.seconds = dict.fromkeys(self.names, 0.0)
+        self.bytes = dict.fromkeys(self.names, 0)
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start, moved = time.perf_counter(), self.comm.bytes_sent + self.comm.bytes_received
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - start
+            self.bytes[name] += self.comm.bytes_sent + self.comm.bytes_received - moved
+
+    def row(self) -> np.ndarray:
+        """This rank's figures, one fixed-length row: every phase's seconds, then its bytes."""
+        return np.asarray([self.seconds[n] for n in self.names] +
+                          [self.bytes[n] for n in self.names], dtype=np.float64)
+
+    def record(self, table: np.ndarray) -> dict[str, dict[str, list]]:
+        """metrics.jsonl's ``phases`` from the gathered rows [ranks, 2 * phases]."""
+        count = len(self.names)
+        return {name: {"seconds": table[:, k].tolist(),
+                       "bytes": [int(v) for v in table[:, count + k]]}
+                for k, name in enumerate(self.names)}
 
 
 @dataclass
@@ -375,14 +418,27 @@ class Trainer:
     def train_step(self) -> float:
         return self.method.train_step()
 
+    @property
+    def phases(self) -> PhaseMeter | None:
+        """The method's phase meter, if it measures phases (``PhaseMeter``)."""
+        return getattr(self.method, "phases", None)
+
+    def evaluated_nodes(self) -> tuple[torch.Tensor, dict[str, np.ndarray], np.ndarray]:
+        """Labels, split masks and global ids of the rows of the method's ``full_logits``: this
+        rank's own nodes, unless the method predicts other rows (its ``evaluated_nodes``:
+        LLCG's server predicts the whole graph it holds, its clients nothing)."""
+        nodes = getattr(self.method, "evaluated_nodes", None)
+        return nodes if nodes is not None else (self.setup.y, self.setup.masks,
+                                                self.graph.global_id)
+
     # -- evaluation -----------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float] | None:
         """Micro-F1 per split (= accuracy for single-label classes) of the method's logits,
         counted at the server. Returns the scores on the server, None elsewhere."""
         logits = self.method.full_logits()
-        correct = (logits.argmax(dim=1) == self.setup.y).cpu().numpy()
-        counts = np.asarray([correct[self.setup.masks[s]].sum() for s in SPLITS],
-                            dtype=np.float64)
+        y, masks, _ = self.evaluated_nodes()
+        correct = (logits.argmax(dim=1) == y).cpu().numpy()
+        counts = np.asarray([correct[masks[s]].sum() for s in SPLITS], dtype=np.float64)
         totals = self.comm.sum_to_server(torch.from_numpy(counts))
         if totals is None:
             return None
@@ -395,6 +451,8 @@ class Trainer:
         steps = config.steps_per_epoch
         for epoch in range(self.state.epoch + 1, config.epochs + 1):
             self.comm.reset_counters()
+            if self.phases is not None:
+                self.phases.reset()
             start = time.perf_counter()
             losses = []
             where = f"in epoch {epoch} of {config.epochs}"
@@ -415,6 +473,8 @@ class Trainer:
                                 self.comm.bytes_sent, self.comm.bytes_received, peak_rss_mb(),
                                 self.comm.exchange_bytes_sent, self.comm.exchange_bytes_received,
                                 peak_gpu_mb(self.setup.device)])
+            if self.phases is not None:
+                stats = np.concatenate([stats, self.phases.row()])
             counters = self.comm.extra_counters()
             table = self.comm.gather_rows(torch.from_numpy(stats))
             self.state.epoch = epoch
@@ -460,6 +520,8 @@ class Trainer:
                        "peak_rss_mb": per_rank["peak_rss_mb"]})
         if self.setup.device.type == "cuda":  # torch.cuda.max_memory_allocated per rank
             record["peak_gpu_mb"] = per_rank["peak_gpu_mb"]
+        if self.phases is not None:
+            record["phases"] = self.phases.record(table[:, len(RANK_STATS):])
         assert self.run_dir is not None
         self.run_dir.append_metrics(record)
         if epoch % self.config.log_every == 0 or epoch == self.config.epochs:
@@ -476,7 +538,7 @@ class Trainer:
         if self.config.save_logits:
             logits_local = self.method.full_logits().cpu()
         parts = self.comm.gatherv_rows(logits_local) if logits_local is not None else None
-        ids = (self.comm.gatherv_rows(torch.from_numpy(self.graph.global_id[:, None]
+        ids = (self.comm.gatherv_rows(torch.from_numpy(self.evaluated_nodes()[2][:, None]
                                                        .astype(np.int64)))
                if logits_local is not None else None)
         # what a method reports of each rank (its tensors' bytes by kind: mpifgl.tensor_memory)

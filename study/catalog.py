@@ -52,6 +52,8 @@ METHODS = {m.name: m for m in (
     # CAGNET's 1.5D algorithm (replication 2, its default here) and its 1D one
     Method("cagnet", "CAGNET (1.5D, c = 2)", "cagnet"),
     Method("cagnet-1d", "CAGNET (1D)", "cagnet", ("--replication", "1")),
+    # the server holds the whole graph, as LLCG as published does (docs/privacy.md)
+    Method("llcg", "LLCG+{layer}", "llcg"),
     Method("ours-full", "ours-full", "ours", ("--sampling", "none")),  # no sampling
     Method("ours-star", "ours*", "ours", ("--no-normalize",)),  # sampling without 1/p
     # beyond the paper: layer 1 aggregated exactly once at set-up, sampling above it
@@ -76,9 +78,9 @@ METHODS = {m.name: m for m in (
 SECTION_METHODS = {
     "table2": ("ours", "ours-1gnn", "centralized", "centralized-1gnn", "graphsage",
                "graphsaint", "fedavg", "fedavg-nc", "fedsage-plus", "bns", "cagnet", "fedgcn",
-               "fedgcn-1hop", "fedgcn-0hop"),
-    "fig3": ("ours", "fedavg", "fedavg-nc", "fedsage-plus", "fedgcn", "fedgcn-0hop"),
-    "fig4": ("ours", "fedavg", "fedavg-nc", "fedsage-plus", "fedgcn", "fedgcn-0hop"),
+               "fedgcn-1hop", "fedgcn-0hop", "llcg"),
+    "fig3": ("ours", "fedavg", "fedavg-nc", "fedsage-plus", "fedgcn", "fedgcn-0hop", "llcg"),
+    "fig4": ("ours", "fedavg", "fedavg-nc", "fedsage-plus", "fedgcn", "fedgcn-0hop", "llcg"),
     # the paper's CAGNET (1.5D) beside its 1D form; ours-secure: ours with --secure
     "table3": ("cagnet", "cagnet-1d", "fedavg", "ours", "ours-secure"),
     "table5": ("ours-full", "ours-star", "ours"),  # the ablation
