@@ -27,8 +27,9 @@ from typing import Mapping
 from fgl_common.cli import add_dataclass_arguments, option
 
 # More ranks than cores is the normal case here (1 server + M clients on a laptop, a 2-core VM
-# or an allocation of a few cores); Open MPI 5 refuses it unless told.
-ALWAYS = {"PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe"}
+# or an allocation of a few cores); Open MPI 5 refuses it unless told. The mapper is named:
+# the modifier alone put every rank of a two-node allocation on its first node.
+ALWAYS = {"PRTE_MCA_rmaps_default_mapping_policy": "slot:oversubscribe"}
 
 # Open MPI refuses to start as root unless told (containers and VMs often run as root).
 ROOT_ONLY = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}

@@ -15,23 +15,28 @@ from tests.helpers.slurm import missing_requirements
 from tests.helpers.slurm_hosts import SlurmOnHosts, tasks_per_node
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(500)
 def test_sbatch_over_two_nodes_trains_with_ranks_on_both(hosts, toy_graph, tmp_path):
+    """With the allocation's srun and with Open MPI's mpirun (whose mapping policy, from the
+    launch environment, must follow SLURM's placement rather than fill the first node)."""
     reason = missing_requirements()
     if reason:
         pytest.skip(reason)
     shards = write_shards(toy_graph, random_parts(toy_graph.num_nodes, 8, seed=0),
                           tmp_path / "shards")
-    run, log = tmp_path / "run", tmp_path / "job.out"
     with SlurmOnHosts(tmp_path / "slurm", hosts) as cluster:
-        job = cluster.submit(["-N", "2", "-n", "9", "-o", str(log),
-                              str(REPO / "jobs" / "train.sbatch")],
-                             env={"SHARD_DIR": str(shards), "RUN_DIR": str(run), "EPOCHS": "2",
-                                  "EXTRA_ARGS": "--hidden 8 --log-every 100"}, cwd=REPO)
-        state = cluster.wait(job, timeout=300)
-        allocated = tasks_per_node(cluster, job)
-    assert state == "COMPLETED", log.read_text()[-3000:] if log.exists() else cluster.log_tail()
-    assert "via srun" in log.read_text()  # the allocation's own launcher: srun --mpi=pmix
-    hosts_of_ranks = json.loads((run / "config.json").read_text())["hosts"]
-    assert sorted(allocated) == ["node1", "node2"] and sum(allocated.values()) == 9
-    assert Counter(hosts_of_ranks) == allocated
+        for launcher in ("srun", "mpirun"):
+            run, log = tmp_path / f"run-{launcher}", tmp_path / f"job-{launcher}.out"
+            job = cluster.submit(["-N", "2", "-n", "9", "-o", str(log),
+                                  str(REPO / "jobs" / "train.sbatch")],
+                                 env={"SHARD_DIR": str(shards), "RUN_DIR": str(run),
+                                      "EPOCHS": "2", "MPI_LAUNCHER": launcher,
+                                      "EXTRA_ARGS": "--hidden 8 --log-every 100"}, cwd=REPO)
+            state = cluster.wait(job, timeout=200)
+            allocated = tasks_per_node(cluster, job)
+            assert state == "COMPLETED", \
+                log.read_text()[-3000:] if log.exists() else cluster.log_tail()
+            assert f"via {launcher}" in log.read_text(), log.read_text()[-2000:]
+            hosts_of_ranks = json.loads((run / "config.json").read_text())["hosts"]
+            assert sorted(allocated) == ["node1", "node2"] and sum(allocated.values()) == 9
+            assert Counter(hosts_of_ranks) == allocated, launcher

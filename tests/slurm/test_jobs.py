@@ -51,7 +51,7 @@ def commands(stdout: str) -> list[str]:
 
 ROOT_EXPORTS = (["+ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"]
                 if os.geteuid() == 0 else [])
-MPIRUN_EXPORTS = ["+ export PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe", *ROOT_EXPORTS]
+MPIRUN_EXPORTS = ["+ export PRTE_MCA_rmaps_default_mapping_policy=slot:oversubscribe", *ROOT_EXPORTS]
 
 
 # What every script prints first: the venv, one thread per rank, the repository.
@@ -614,7 +614,7 @@ def test_the_venvs_activate_keeps_a_users_launch_variables(tmp_path):
     (shards / "manifest.json").write_text(json.dumps({"num_clients": 2}))
     policy = "PRTE_MCA_rmaps_default_mapping_policy"
     for given, expected in (("ppr:1:node:oversubscribe", "ppr:1:node:oversubscribe"),
-                            (None, ":oversubscribe")):
+                            (None, "slot:oversubscribe")):
         variables = dict(SHARD_DIR=str(shards), RUN_DIR=str(tmp_path / "run"), VENV=str(venv),
                          MPI_LAUNCHER="mpirun", MPIRUN=str(VENV / "bin" / "mpirun"))
         env = clean_env(DRY_RUN="1", **variables)

@@ -22,7 +22,7 @@ def test_env_adds_what_is_missing_and_keeps_what_is_set():
 
 def test_shell_exports_one_line_per_group():
     assert shell_exports({}, as_root=False) == [
-        "export PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe"]
+        "export PRTE_MCA_rmaps_default_mapping_policy=slot:oversubscribe"]
     assert shell_exports({"OMPI_ALLOW_RUN_AS_ROOT": "a b"}, as_root=True)[1] == (
         "export OMPI_ALLOW_RUN_AS_ROOT='a b' OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
 
@@ -34,7 +34,7 @@ def test_main_prints_the_shell_lines(capsys, monkeypatch):
     monkeypatch.delenv("PRTE_MCA_rmaps_default_mapping_policy", raising=False)
     assert launch.main(["--shell"]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "export PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe",
+        "export PRTE_MCA_rmaps_default_mapping_policy=slot:oversubscribe",
         "export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"]
 
 
@@ -53,7 +53,7 @@ def test_the_activate_lines_set_a_variable_only_where_it_is_not_set(capsys, monk
     user's (or a launcher's) value (the lines run in bash: tests/slurm/test_jobs.py)."""
     from fgl_common.launch import activate_lines
     assert activate_lines(as_root=False)[1:] == [
-        ': "${PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe}"; '
+        ': "${PRTE_MCA_rmaps_default_mapping_policy=slot:oversubscribe}"; '
         'export PRTE_MCA_rmaps_default_mapping_policy']
     assert activate_lines(as_root=True)[2:] == [
         f': "${{{name}=1}}"; export {name}' for name in ROOT_ONLY]
