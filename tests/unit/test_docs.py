@@ -1,4 +1,5 @@
-"""The README's commands fit together (no command is run)."""
+"""The documented commands fit together (no command is run): the pipeline of docs/training.md,
+the tests docs/reliability.md names."""
 from __future__ import annotations
 
 import re
@@ -9,8 +10,11 @@ from fgl_common.shard_format import default_shard_dir
 from tests.helpers.mpi import REPO
 
 
-def test_readme_commands_fit_together():
-    text = (REPO / "README.md").read_text().replace("\\\n", " ")
+PIPELINE = REPO / "docs" / "training.md"
+
+
+def test_the_pipelines_commands_fit_together():
+    text = PIPELINE.read_text().replace("\\\n", " ")
     for run, reference in re.findall(r"python -m mpifgl\.bias (\S+) --reference (\S+)", text):
         for run_dir in (run, reference):
             command = next(line for line in text.splitlines() if f"--out {run_dir}" in line)
@@ -21,7 +25,7 @@ def test_readme_commands_fit_together():
 
 
 def test_the_pipeline_runs_inside_the_venv():
-    text = (REPO / "README.md").read_text()
+    text = PIPELINE.read_text()
     block = text[text.index("## The pipeline"):]
     block = block[block.index("```bash") + len("```bash"):]
     assert block.split("\n", 2)[1] == ". .venv/bin/activate"
