@@ -1,4 +1,4 @@
-"""ogbn-products scale end to end (issue 11): ours, ours-full and centralized full batch on a
+"""ogbn-products scale end to end: ours, ours-full and centralized full batch on a
 synthetic graph of products size whose generator parameters make the task as hard as products.
 
     . .venv/bin/activate

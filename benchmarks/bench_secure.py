@@ -1,5 +1,5 @@
 """Cost of --secure: the masked compact exchange against the same exchange without masking,
-interleaved in one invocation (issue 14 measures amazon-computers with 8 clients).
+interleaved in one invocation (docs/privacy.md measures amazon-computers with 8 clients).
 
     . .venv/bin/activate
     python -m data_prep --dataset amazon-computers --num-clients 8 \\
@@ -45,7 +45,7 @@ STEPS_PER_EPOCH = 4  # the default s = ceil(n/4)
 
 @dataclass(frozen=True)
 class SecureBenchArgs:
-    shards: Path = option(None, "shard directory (python -m data_prep ...; issue 14: "
+    shards: Path = option(None, "shard directory (python -m data_prep ...; docs/privacy.md: "
                                 "amazon-computers, 8 clients)", required=True)
     # 28 measured epochs: a run's mean then drifts less with the machine's speed than over 8
     epochs: int = option(30, "epochs per run (the first and last are not measured)")

@@ -1,5 +1,5 @@
-"""The paper's time-and-memory table (tab:time cost: the third table of its source, which the
-issue tracker called Table 5) in one invocation: CAGNET (1.5D, c = 2, and 1D), FedAvg+GCN and
+"""The paper's time-and-memory table (tab:time cost: the third table of its source, printed as
+Table 5 in some versions) in one invocation: CAGNET (1.5D, c = 2, and 1D), FedAvg+GCN and
 ours at 4 and 8 clients on the products-size hard synthetic graph, the methods interleaved.
 
     . .venv/bin/activate
