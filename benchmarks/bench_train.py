@@ -138,7 +138,7 @@ def main() -> int:
     references = [m for m in ("centralized", "centralized-all-cores") if m in chosen]
     if references:
         print("\nepoch time / centralized epoch time, each round against its own centralized runs "
-              "(issue 3's targets: ours <= 1, ours-full <= 2):")
+              "(the targets: ours <= 1, ours-full <= 2):")
     for method in chosen:
         for reference in references:
             ratios = [r[method] / r[reference] for r in rounds]
