@@ -110,6 +110,8 @@ class GNNMethod:
         self.config = config
         self.full_operator = self.prepared(build_operator(graph, config.backbone, None, None,
                                                          self.dtype, self.exchanged, self.device))
+        if self.exchanged:  # every later plan is selected from the transposed block
+            graph.release_cross_block()
         self.input_aggregate = None
         if config.exact_first_layer:
             self.input_aggregate = self.aggregate_input()
