@@ -4,6 +4,7 @@ synthetic graph of products size whose generator parameters make the task as har
     . .venv/bin/activate
     python benchmarks/bench_products.py --work /tmp/mpifgl-products
         [--scale 1.0] [--clients 8,16] [--methods ours,ours-full,centralized] [--epochs 3]
+        (--methods fedgcn: FedGCN 2-hop, not in the default set)
         [--exchange compact] [--timeout 14400]
 
 One invocation prepares the shards (``--work``/shards-*; reused when they already hold the same
@@ -13,6 +14,7 @@ once, on the first client count's shards):
   ours         mpirun -n M+1 python -m mpifgl.train (label-guided sampling, its default)
   ours-full    the same with --sampling none
   centralized  python -m mpifgl.train --algo centralized (one process, full batch)
+  fedgcn       mpirun -n M+1 python -m mpifgl.train --algo fedgcn (2 hops, its defaults)
 
 each for ``--epochs`` epochs with one full-graph evaluation at the end (--eval-every = epochs).
 A run that fails (non-zero exit, OOM kill, timeout) is recorded as ``failed (exit code, its
@@ -66,7 +68,11 @@ HARD_SYNTHETIC = {"syn_features": 100, "syn_classes": 47, "syn_homophily": 0.8,
                   "syn_feature_signal": 0.05, "syn_class_skew": 1.0, "syn_degree_skew": 1.0,
                   "syn_label_noise": 0.25}
 METHODS = {"ours": [], "ours-full": ["--sampling", "none"],
-           "centralized": ["--algo", "centralized"]}
+           "centralized": ["--algo", "centralized"],
+           # FedGCN at its reference settings (2 hops): its round's bytes are set-up traffic,
+           # in the run's final.json (pretrain_bytes_*), not in the per-epoch columns
+           "fedgcn": ["--algo", "fedgcn"]}
+DEFAULT_METHODS = ("ours", "ours-full", "centralized")
 MB = 2 ** 20
 
 
@@ -76,7 +82,7 @@ class ProductsBenchArgs:
     scale: float = option(1.0, "fraction of ogbn-products' nodes and edges (0.01: a one-minute "
                                "try)")
     clients: tuple[int, ...] = option((8, 16), "comma-separated client counts")
-    methods: tuple[str, ...] = option(tuple(METHODS), "comma-separated subset of "
+    methods: tuple[str, ...] = option(DEFAULT_METHODS, "comma-separated subset of "
                                       + ", ".join(METHODS), tuple(METHODS))
     epochs: int = option(3, "epochs per run; the last one evaluates on the full graph")
     exchange: str | None = option(None, "passed to mpifgl.train --exchange (default: the "

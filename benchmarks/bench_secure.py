@@ -18,7 +18,7 @@ masking; with more ranks than cores it also holds the time other ranks had the c
 masked operations redone (--secure: a term outgrew its lagged range); then secure / plain per
 round and the median, with the bytes a client sends over the whole run (every epoch, the first
 and evaluation included). Any number of clients: the world is the shards' M + 1
-ranks. Targets (issue 14): epoch <= 1.3x, bytes <= 1.02x for float32 runs. Asserts nothing.
+ranks. Targets: epoch <= 1.3x, bytes <= 1.02x for float32 runs. Asserts nothing.
 """
 from __future__ import annotations
 

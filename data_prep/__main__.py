@@ -2,7 +2,9 @@
 
     python -m data_prep --dataset NAME --num-clients M --partition random|label-skew|metis \
         --seed S --data-root DIR --out SHARD_DIR [--force] [--download] [--syn-... ]
+    python -m data_prep --graph PATH --num-clients M --partition dirichlet|louvain|file:PATH ...
     python -m data_prep verify SHARD_DIR
+    python -m data_prep assignment SHARD_DIR OUT.npy
 
 User mistakes end with ``data_prep: error: ...`` on stderr and exit status 2 (no traceback);
 verify exits 1 when it finds problems."""
@@ -15,18 +17,24 @@ from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
+
 from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, explicit_dests, option
 from fgl_common.diskspace import DiskFullError, disk_full_error, is_disk_full
 
-from .api import PrepResult, run_prep
+from .api import PrepResult, read_assignment, run_prep
 from .config import PartitionConfig, PrepConfig, SyntheticConfig
 from .proxies import PROXIES, proxy
+from .user_graph import EdgeCleaning
 from .verify import verify_shard_dir
 
 PROG = "data_prep"
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, OSError)
 SYNTHETIC_PREFIX = "syn-"
 NESTED = ("partition", "synthetic")  # PrepConfig fields that are configs with flags of their own
+PARTITION_KNOBS = {"label-skew partition": ("favoured_classes", "skew_factor"),
+                   "dirichlet partition": ("beta", "min_client_nodes"),
+                   "louvain partition": ("louvain_delta",)}
 
 
 @dataclass(frozen=True)
@@ -46,14 +54,16 @@ def build_parser() -> argparse.ArgumentParser:
     """The flags of PrepConfig, --partition and its label-skew knobs, and --syn-<field>."""
     parser = argparse.ArgumentParser(
         prog=PROG,
-        description="Partition a graph dataset over M clients and write one HDF5 shard per "
-                    "client plus manifest.json. `python -m data_prep verify SHARD_DIR` checks "
-                    "a shard directory.")
-    add_dataclass_arguments(parser, PrepConfig, only=("dataset", "num_clients", "out"))
+        description="Partition a graph dataset (or your own, --graph) over M clients and write "
+                    "one HDF5 shard per client plus manifest.json. `python -m data_prep verify "
+                    "SHARD_DIR` checks a shard directory; `python -m data_prep assignment "
+                    "SHARD_DIR OUT` writes the client of every node.")
+    first = ("dataset", "graph", "graph_name", "num_clients", "out")
+    add_dataclass_arguments(parser, PrepConfig, only=first)
     add_dataclass_arguments(parser, PartitionConfig, only=("method",))
-    add_dataclass_arguments(parser, PrepConfig, exclude=("dataset", "num_clients", "out", *NESTED))
-    skew = parser.add_argument_group("label-skew partition")
-    add_dataclass_arguments(skew, PartitionConfig, exclude=("method",))
+    add_dataclass_arguments(parser, PrepConfig, exclude=(*first, *NESTED))
+    for title, knobs in PARTITION_KNOBS.items():
+        add_dataclass_arguments(parser.add_argument_group(title), PartitionConfig, only=knobs)
     syn = parser.add_argument_group("synthetic dataset (--dataset synthetic)")
     add_dataclass_arguments(syn, ProxyArgs, SYNTHETIC_PREFIX)
     add_dataclass_arguments(syn, SyntheticConfig, SYNTHETIC_PREFIX)
@@ -94,6 +104,7 @@ def format_summary(result: PrepResult) -> str:
         f"dataset {m['dataset']}: {m['num_nodes']:,} nodes, {m['num_edges']:,} undirected edges, "
         f"{m['num_features']} features, {m['num_classes']} classes; split {m['split_rule']} "
         f"(train/val/test {m['num_train']:,}/{m['num_val']:,}/{m['num_test']:,})",
+        *([EdgeCleaning(**m["source"]["edges"]).describe()] if "edges" in m["source"] else []),
         f"partition {m['partition']} seed {m['seed']}"
         + (f" {m['partition_params']}" if m["partition_params"] else ""),
         f"{'client':>6} {'nodes':>10} {'inner edges':>12} {'cross edges':>12} "
@@ -103,6 +114,10 @@ def format_summary(result: PrepResult) -> str:
         lines.append(f"{c['client_id']:>6} {c['num_nodes']:>10,} {c['num_inner_edges']:>12,} "
                      f"{c['num_cross_edges']:>12,} {c['num_train']:>8,} {c['num_val']:>7,} "
                      f"{c['num_test']:>8,}  {' '.join(str(k) for k in c['class_counts'])}")
+    sizes = [c["num_nodes"] for c in m["clients"]]
+    lines.append(f"client sizes: {min(sizes):,} to {max(sizes):,} nodes (largest / mean "
+                 f"{max(sizes) * len(sizes) / sum(sizes):.2f}); partitioned in "
+                 f"{result.partition_seconds:.1f} s")
     lines.append(f"cross-client edges: {m['num_cross_edges']:,} of {m['num_edges']:,} "
                  f"({100 * m['cross_edge_fraction']:.2f}%; random partition expects "
                  f"{100 * (1 - 1 / m['num_clients']):.2f}%)")
@@ -146,6 +161,33 @@ def _verify(argv: list[str]) -> int:
     return 1
 
 
+@dataclass(frozen=True)
+class AssignmentArgs:
+    """The command line of ``data_prep assignment``."""
+
+    shard_dir: Path = option(MISSING, "shard directory written by data_prep", positional=True)
+    out: Path = option(MISSING, "file to write: .npy, else text with one client id per line",
+                       positional=True)
+
+
+def _assignment(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog=f"{PROG} assignment",
+        description="Write the client of every node of a shard directory (node order), the "
+                    "input of --partition file:PATH.")
+    add_dataclass_arguments(parser, AssignmentArgs)
+    args = dataclass_from_namespace(AssignmentArgs, parser.parse_args(argv))
+    assignment = read_assignment(args.shard_dir)
+    if args.out.exists():
+        raise FileExistsError(f"{args.out} already exists; remove it or choose another name")
+    if args.out.suffix.lower() == ".npy":
+        np.save(args.out, assignment)
+    else:
+        args.out.write_text("".join(f"{c}\n" for c in assignment.tolist()))
+    print(f"{PROG} assignment: {assignment.shape[0]} nodes of {args.shard_dir} to {args.out}")
+    return 0
+
+
 def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt  # so SIGTERM (e.g. a job scheduler) cleans up like Ctrl-C
 
@@ -159,6 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv[:1] == ["verify"]:
             return _verify(argv[1:])
+        if argv[:1] == ["assignment"]:
+            return _assignment(argv[1:])
         return _prepare(argv)
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; partial output removed, existing shards untouched",

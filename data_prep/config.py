@@ -12,7 +12,8 @@ from fgl_common.cli import check_finite, option
 
 from .catalog import KNOWN_DATASETS, normalise_dataset_name
 
-PARTITION_METHODS = ("random", "label-skew", "metis")
+PARTITION_METHODS = ("random", "label-skew", "metis", "dirichlet", "louvain")
+FILE_PARTITION = "file:"  # --partition file:PATH, the client of every node read from PATH
 SPLIT_ORDERS = ("class", "popularity")
 
 
@@ -119,13 +120,36 @@ DEFAULT_SPLIT_BY = SyntheticConfig().split_by
 class PartitionConfig:
     """How nodes are split over clients."""
 
-    method: str = option("random", " | ".join(PARTITION_METHODS) + ": random = equal sizes, the "
-                                   "paper's setting; label-skew = non-iid; metis = few cut edges",
+    method: str = option("random", " | ".join(PARTITION_METHODS) + f" | {FILE_PARTITION}PATH: "
+                                   "random = equal sizes, the paper's setting; label-skew = "
+                                   "non-iid; metis = few cut edges; dirichlet = FedGCN's label "
+                                   "Dirichlet split (--beta); louvain = FedSage+'s communities; "
+                                   f"{FILE_PARTITION}PATH = the client of every node, one id per "
+                                   "node in node order (.npy or text)",
                          flag="--partition")
     favoured_classes: int = option(2, "label-skew: classes per client whose nodes get "
                                       "--skew-factor times the sampling weight")
     skew_factor: float = option(10.0, "label-skew: weight of a favoured class relative to the "
                                       "others (the paper's 'ten times')")
+    beta: float = option(1.0, "dirichlet: concentration of every class's Dirichlet draw over the "
+                              "clients (small: each class on few clients; 10000: about iid)")
+    min_client_nodes: int = option(10, "dirichlet: the draw is repeated until every client holds "
+                                       "at least this many nodes (FedGCN's 10)")
+    louvain_delta: int = option(20, "louvain: FedSage+'s delta: communities are cut to at most "
+                                    "n/M - delta nodes and a client takes a piece only while it "
+                                    "stays below n/M + delta")
+
+    @property
+    def kind(self) -> str:
+        """The method's name without a file path: what the manifest and the shards record."""
+        return "file" if self.method.startswith(FILE_PARTITION) else self.method
+
+    @property
+    def file(self) -> Path | None:
+        """PATH of --partition file:PATH, else None."""
+        if not self.method.startswith(FILE_PARTITION):
+            return None
+        return Path(self.method[len(FILE_PARTITION):]).expanduser()
 
     def validate(self, num_clients: int, num_classes: int | None = None,
                  dataset: str = "the dataset") -> None:
@@ -133,9 +157,17 @@ class PartitionConfig:
         that turns label-skew into an iid split; ``num_classes`` where known (the catalog's,
         then the loaded graph's: ``check_classes``)."""
         check_finite(self)
-        if self.method not in PARTITION_METHODS:
+        if self.method not in PARTITION_METHODS and not (
+                self.method.startswith(FILE_PARTITION) and self.method != FILE_PARTITION):
             raise ValueError(f"unknown --partition {self.method!r}; choose one of "
-                             f"{', '.join(PARTITION_METHODS)}")
+                             f"{', '.join(PARTITION_METHODS)} or {FILE_PARTITION}PATH")
+        if self.method == "dirichlet":
+            if not self.beta > 0:
+                raise ValueError(f"--beta must be > 0, got {self.beta}")
+            if self.min_client_nodes < 1:
+                raise ValueError(f"--min-client-nodes must be >= 1, got {self.min_client_nodes}")
+        if self.method == "louvain" and self.louvain_delta < 0:
+            raise ValueError(f"--louvain-delta must be >= 0, got {self.louvain_delta}")
         if self.method == "label-skew":
             if self.favoured_classes < 1:
                 raise ValueError(f"--favoured-classes must be >= 1, got {self.favoured_classes}")
@@ -183,9 +215,16 @@ def default_cache_dir() -> Path:
 class PrepConfig:
     """One run: dataset -> split -> partition -> shards in ``out``."""
 
-    dataset: str = option(MISSING, "one of: " + ", ".join(KNOWN_DATASETS), required=True)
     num_clients: int = option(MISSING, "number of clients M", required=True)
     out: Path = option(MISSING, "shard directory to create", required=True)
+    # exactly one of dataset and graph
+    dataset: str | None = option(None, "a dataset of the catalog, one of: "
+                                       + ", ".join(KNOWN_DATASETS) + " (or --graph)")
+    graph: Path | None = option(None, "your own graph instead of --dataset: an .npz, a .pt "
+                                      "(torch.save of a PyG Data or a dict of tensors) or a "
+                                      "folder in OGB's node-property layout (docs/data_prep.md)")
+    graph_name: str | None = option(None, "--graph: the dataset name the manifest and the run "
+                                          "directories carry (default: the file's stem)")
     partition: PartitionConfig = field(default_factory=PartitionConfig)  # flags of its own
     seed: int = option(0, "seed of the split (when not official), partition and synthetic graph")
     data_root: Path | None = option(None, "folder with raw files in PyG layout (default: env "
@@ -202,11 +241,18 @@ class PrepConfig:
                                  flag="--quiet")
 
     def validate(self) -> None:
-        normalise_dataset_name(self.dataset)  # raises with the list of known names
+        if (self.dataset is None) == (self.graph is None):
+            raise ValueError("give --dataset NAME or --graph PATH, not both" if self.graph
+                             else "one of --dataset NAME or --graph PATH is required")
+        if self.dataset is not None:
+            normalise_dataset_name(self.dataset)  # raises with the list of known names
         if self.num_clients < 1:
             raise ValueError(f"--num-clients must be >= 1, got {self.num_clients}")
         if self.seed < 0:
             raise ValueError(f"--seed must be >= 0, got {self.seed}")
+        if self.graph is not None:
+            self.partition.validate(self.num_clients)  # its classes and nodes: once it is read
+            return
         name = normalise_dataset_name(self.dataset)
         if name == "synthetic":
             self.synthetic.validate()

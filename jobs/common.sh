@@ -118,42 +118,82 @@ default_data_root() {
   fi
 }
 
-# check_data_prep_vars SEEDVAR: check DATASET, NUM_CLIENTS, PARTITION, the partition seed in the
-# variable named SEEDVAR, DATA_ROOT, SHARD_DIR and FORCE.
+# The partitions data_prep knows (python -m data_prep --help); file:PATH names an assignment file.
+DATA_PREP_PARTITIONS="random label-skew metis dirichlet louvain file:PATH"
+
+# require_partition: PARTITION must be one of DATA_PREP_PARTITIONS (file: with a readable file).
+require_partition() {
+  case "${PARTITION-}" in
+    random|label-skew|metis|dirichlet|louvain) return 0 ;;
+    file:?*) [ -r "${PARTITION#file:}" ] && return 0
+             die "PARTITION='$PARTITION': the assignment file '${PARTITION#file:}' is not readable" ;;
+  esac
+  die "PARTITION='${PARTITION-}' is not one of: $DATA_PREP_PARTITIONS"
+}
+
+# check_data_prep_vars SEEDVAR: check DATASET or GRAPH (exactly one), NUM_CLIENTS, PARTITION,
+# the partition seed in the variable named SEEDVAR, DATA_ROOT, SHARD_DIR and FORCE.
 check_data_prep_vars() {
-  require_set DATASET "e.g. DATASET=cora; see python -m data_prep --help"
+  if [ -n "${GRAPH:-}" ]; then
+    [ -z "${DATASET:-}" ] || die "DATASET='$DATASET' and GRAPH='$GRAPH' are both set: expected" \
+      "one of them (a dataset of the catalog, or your own graph)"
+    [ -e "$GRAPH" ] || die "GRAPH='$GRAPH' does not exist: expected an .npz, a .pt or an OGB" \
+      "folder (docs/data_prep.md)"
+  else
+    require_set DATASET "e.g. DATASET=cora, or GRAPH=/path/graph.npz; see python -m data_prep --help"
+  fi
   require_uint NUM_CLIENTS 1
-  require_choice PARTITION random label-skew metis
+  require_partition
   require_uint "$1"
   require_set SHARD_DIR
   require_bool FORCE
-  if [ "$DATASET" != synthetic ]; then
+  if [ -z "${GRAPH:-}" ] && [ "$DATASET" != synthetic ]; then
     require_dir DATA_ROOT
   fi
 }
 
-# default_shard_dir SEEDVAR: print the default shard directory for DATASET, PARTITION,
+# graph_name: the name the shards carry: DATASET, else GRAPH_NAME, else GRAPH's file stem (as
+# data_prep's --graph-name default).
+graph_name() {
+  if [ -n "${GRAPH:-}" ]; then
+    local stem
+    stem=$(basename "${GRAPH%/}")
+    echo "${GRAPH_NAME:-${stem%%.*}}"
+  else
+    echo "$DATASET"
+  fi
+}
+
+# default_shard_dir SEEDVAR: print the default shard directory for the graph, PARTITION,
 # NUM_CLIENTS and the seed in the variable SEEDVAR, relative to the repository root. Python
 # computes it (fgl_common.shard_format.default_shard_dir), so data_prep, mpifgl.train and the scripts share
-# one name (after check_venv).
+# one name (after check_venv); file:PATH partitions are named "file".
 default_shard_dir() {
+  local partition=$PARTITION
+  case "$partition" in file:*) partition=file ;; esac
   (cd "$MPIFGL_HOME" && "$PYTHON" -c 'import sys
 from fgl_common.shard_format import default_shard_dir
 print(default_shard_dir(sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])))' \
-    "$DATASET" "$NUM_CLIENTS" "$PARTITION" "${!1}") \
+    "$(graph_name)" "$NUM_CLIENTS" "$partition" "${!1}") \
     || die "cannot compute the default SHARD_DIR with $PYTHON; set SHARD_DIR"
 }
 
 # data_prep_argv SEEDVAR: fill the array DATA_PREP_ARGV with the data_prep command (after
-# check_data_prep_vars and check_venv).
+# check_data_prep_vars and check_venv); DATA_PREP_FLAGS (word-split) adds flags, e.g. --beta 0.5.
 data_prep_argv() {
   local seed=${!1}
   # MPIFGL_DATA_PREP_CMD replaces "python -m data_prep" (word-split; for tests and wrappers)
-  local -a base
+  local -a base flags
   read -r -a base <<< "${MPIFGL_DATA_PREP_CMD:-$PYTHON -m data_prep}"
-  DATA_PREP_ARGV=("${base[@]}" --dataset "$DATASET" --num-clients "$NUM_CLIENTS"
-                  --partition "$PARTITION" --seed "$seed" --data-root "$DATA_ROOT"
-                  --out "$SHARD_DIR")
+  read -r -a flags <<< "${DATA_PREP_FLAGS:-}"
+  local -a graph=(--dataset "${DATASET:-}") root=(--data-root "${DATA_ROOT:-}")
+  if [ -n "${GRAPH:-}" ]; then
+    graph=(--graph "$GRAPH")
+    [ -z "${GRAPH_NAME:-}" ] || graph+=(--graph-name "$GRAPH_NAME")
+    root=()
+  fi
+  DATA_PREP_ARGV=("${base[@]}" "${graph[@]}" --num-clients "$NUM_CLIENTS" --partition
+                  "$PARTITION" --seed "$seed" "${root[@]}" --out "$SHARD_DIR" "${flags[@]}")
   [ "$FORCE" = 1 ] && DATA_PREP_ARGV+=(--force)
   return 0
 }

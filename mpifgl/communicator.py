@@ -17,6 +17,7 @@ mpi4py import); ``LocalComm`` below implements it for one process.
 """
 from __future__ import annotations
 
+import socket
 import sys
 from contextlib import contextmanager
 from typing import Any, ContextManager, Iterator, Protocol, runtime_checkable
@@ -50,6 +51,7 @@ class Communicator(Protocol):
     is_client: bool
     num_clients: int
     is_single_process: bool
+    hosts: list[str]  # every rank's host name, in rank order (the node the launcher put it on)
     # traffic since the last reset_counters: logical payload, what this rank contributed to a
     # collective is "sent", what it got back is "received"
     seconds: float
@@ -140,6 +142,37 @@ class Communicator(Protocol):
         """End the whole job from this rank."""
         ...
 
+    # -- groups of ranks (CAGNET's row and column groups) -------------------------------------
+    def split(self, color: int, key: int) -> "Communicator | None":
+        """A communicator of the ranks that pass this ``color`` (>= 0), ordered by ``key``;
+        None on a rank that passes a negative color. Collective over this communicator. The
+        group's traffic and seconds are also counted in this communicator's counters (so the
+        epoch's metrics hold them); its rank 0 is the root of its server-rooted calls."""
+        ...
+
+    def broadcast_buffer(self, buffer: torch.Tensor, root: int) -> torch.Tensor:
+        """Rank ``root``'s contiguous host buffer into every rank's ``buffer`` (one shape and
+        dtype everywhere), in place; returns ``buffer``."""
+        ...
+
+    def allreduce_sum(self, buffer: torch.Tensor) -> torch.Tensor:
+        """The element-wise sum over ranks of a contiguous host buffer, in place on every rank;
+        returns ``buffer``."""
+        ...
+
+
+def broadcast_traffic(nbytes: int, size: int, is_root: bool) -> tuple[int, int]:
+    """(sent, received) of one rank in a broadcast of ``nbytes`` over ``size`` ranks, as
+    logical payload: the root sends a copy to each other rank, each other rank receives one."""
+    return (nbytes * (size - 1), 0) if is_root else (0, nbytes)
+
+
+def allreduce_traffic(nbytes: int, size: int) -> tuple[int, int]:
+    """(sent, received) of one rank in an allreduce of ``nbytes``, as logical payload: its
+    buffer in, the sum back (in a group of two this is also what a ring moves); a group of one
+    moves nothing."""
+    return (nbytes, nbytes) if size > 1 else (0, 0)
+
 
 class TrafficCounters:
     """The counters every communicator keeps (``Communicator``'s accounting attributes): seconds
@@ -165,6 +198,7 @@ class LocalComm(TrafficCounters):
     is_server = is_client = is_single_process = True
 
     def __init__(self) -> None:
+        self.hosts = [socket.gethostname()]
         self.reset_counters()
 
     @contextmanager
@@ -241,6 +275,18 @@ class LocalComm(TrafficCounters):
         sys.stdout.flush()
         sys.stderr.flush()
         raise SystemExit(code)
+
+    # -- groups: of one rank, nothing moves ---------------------------------------------------
+    def split(self, color: int, key: int) -> "LocalComm | None":
+        return LocalComm() if color >= 0 else None
+
+    def broadcast_buffer(self, buffer: torch.Tensor, root: int) -> torch.Tensor:
+        if root != 0:
+            raise ValueError(f"broadcast_buffer from rank {root} in a world of one rank")
+        return buffer
+
+    def allreduce_sum(self, buffer: torch.Tensor) -> torch.Tensor:
+        return buffer
 
 
 def _check_counts(counts: np.ndarray | None, elements: int, call: str) -> None:

@@ -17,13 +17,24 @@ from typing import Any
 
 from fgl_common.cli import (CommaSeparated, add_dataclass_arguments, check_finite,
                              dataclass_from_namespace, option)
-from mpifgl.registry import BACKBONES, EXCHANGES, METHODS, SAMPLINGS, maskable
+from mpifgl.registry import (BACKBONES, CLIENT_WEIGHTS, EXCHANGES, METHODS, OPTIMIZERS,
+                             SAMPLINGS, maskable)
+from mpifgl.watchdog import (ANSWER_SECONDS, EPOCHS_OF_TIMEOUT, FLOOR_SECONDS,
+                             SETUP_SECONDS)
+
+HIDE_RULES = ("not-train-test", "val")  # --neighgen-hide-from (mpifgl.methods.neighgen)
 
 DTYPES = ("float32", "float64")
 # --secure masks the compact exchange of the distributed GNN (docs/privacy.md says why no other)
 SECURE_ALGOS = maskable(METHODS)
 SECURE_EXCHANGES = maskable(EXCHANGES)
 EXACT_FIRST_ALGOS = tuple(name for name, method in METHODS.items() if method.whole_graph_gnn)
+CAGNET_ALGO = "cagnet"  # the method --replication belongs to
+AVERAGING_ALGOS = tuple(name for name, method in METHODS.items() if method.averages_models)
+ROUND_ALGOS = tuple(name for name, method in METHODS.items() if method.neighbour_round)
+HOPS = (0, 1, 2)
+WIRE_DTYPES = ("same", "bfloat16", "float16")
+NARROW_WIRE_EXCHANGES = tuple(name for name, entry in EXCHANGES.items() if entry.narrow_wire)
 
 
 @dataclass(frozen=True)
@@ -42,8 +53,9 @@ class TrainConfig:
     # Method
     algo: str = option("ours", "ours = distributed model over MPI; centralized = same model code "
                                "on the whole graph in one process (the reference); baselines: "
-                               "graphsage, graphsaint (centralized), fedavg, fedavg-nc, bns "
-                               "(over MPI); see docs/algorithms.md", tuple(METHODS))
+                               "graphsage, graphsaint (centralized), fedavg, fedavg-nc, bns, "
+                               "cagnet, fedgcn, fedsage-plus, llcg (over MPI); see docs/algorithms.md",
+                               tuple(METHODS))
     backbone: str = option("gcn", "; ".join(f"{e.name} = {e.summary}" for e in BACKBONES.values())
                            + ". gcn is the paper's; with sage the paper's sampler kept its margin "
                              "over centralized on a products-like proxy where gcn's collapsed "
@@ -51,8 +63,11 @@ class TrainConfig:
     layers: int = option(2, "number of graph layers (paper: 2 on PubMed)")
     hidden: int = option(128, "hidden width (paper: 128)")
     dropout: float = option(0.2, "dropout on every layer's input (paper: 0.2)")
-    lr: float = option(0.01, "Adam learning rate (paper searches 0.1, 0.01, 0.001)")
-    weight_decay: float = option(0.0, "Adam weight decay (L2)")
+    lr: float = option(0.01, "learning rate of --optimizer (paper: Adam, searching 0.1, 0.01, "
+                             "0.001)")
+    weight_decay: float = option(0.0, "weight decay (L2, added to the gradient)")
+    optimizer: str = option("adam", "; ".join(f"{e.name} = {e.summary}"
+                                              for e in OPTIMIZERS.values()), tuple(OPTIMIZERS))
     epochs: int = option(200, "training epochs (paper: 200 on PubMed and Reddit)")
     # Sampling (paper section 2.2)
     sampling: str = option("label", "label = label-guided (ours); uniform = same estimator with "
@@ -99,25 +114,47 @@ class TrainConfig:
     exchange_buffer_mb: float = option(64.0, "most MB of exchange buffers a rank holds at once: "
                                               "larger exchanges run in chunks of rows (a chunk "
                                               "holds at least one row)")
+    wire_dtype: str = option("same", "the cross-client terms and sums on the wire: same (as "
+                                     "--dtype, exact) or a 16-bit float, bfloat16 or float16: "
+                                     "half the exchange's bytes for a rounding of every term "
+                                     "and sum (summed in --dtype at the server); lossy, so not "
+                                     "for the exactness claims. --exchange compact, not with "
+                                     "--secure; for slow links, see docs/scale.md",
+                             WIRE_DTYPES)
     secure: bool = option(False, "mask every value the server or a relaying rank handles: "
                                  "cross-client terms, weight gradients, loss and counts travel "
                                  "as fixed-point words plus pairwise keystreams (X25519 + "
                                  "AES-128-CTR, fresh keys per run, never written); --exchange "
-                                 "compact and --algo ours or bns only. See docs/privacy.md")
+                                 "compact and --algo ours, bns or fedgcn (its pre-training "
+                                 "round and its model averages) only. See docs/privacy.md")
     steps_per_epoch: int = option(0, "optimizer steps per epoch, each on a fresh sample of "
                                      "--sample-size draws (the paper's step length); 0: one pass "
                                      "over the nodes per epoch, ceil(n / s - 1e-6) steps (4 at the "
                                      "default s = ceil(n/4)), and 1 step without node sampling or "
                                      "for the baselines")
     # Baselines (docs/algorithms.md)
-    local_epochs: int = option(1, "fedavg, fedavg-nc: local epochs per round (one round per epoch)")
+    local_epochs: int = option(1, "fedavg, fedavg-nc, fedgcn: local full-batch steps per round "
+                                  "(one round per epoch)")
+    client_weights: str = option("train", "fedavg, fedavg-nc, fedgcn, fedsage-plus: each client's weight in the "
+                                          "model average: train = its training nodes (FedAvg's "
+                                          "n_k), uniform = 1 per client that has training nodes "
+                                          "(FedGCN's and FedSage+'s unweighted mean)", CLIENT_WEIGHTS)
+    hops: int | None = option(None, "fedgcn: what the pre-training round gives each client: 2 = "
+                                    "the rows of (A + I) X of its nodes and of their one-hop "
+                                    "neighbours (FedGCN 2-hop, the default), 1 = of its own "
+                                    "nodes only, 0 = no round (FedAvg with FedGCN's settings)")
     nc_fraction: float = option(0.2, "fedavg-nc: fraction of one-hop cross-client neighbours each "
                                      "client collects (paper: 20%)")
     boundary_p: float = option(0.1, "bns: probability of keeping a boundary node (BNS-GCN's p)")
-    fanouts: tuple[int, ...] = option((25, 10), "graphsage: neighbours sampled per layer, "
-                                                "comma-separated")
+    replication: int = option(2, "cagnet: replication factor c of CAGNET's 1.5D algorithm: the "
+                                 "m clients form m/c block rows of c ranks each, which hold the "
+                                 "same rows (c times the memory, about 1/c of the broadcast "
+                                 "bytes); c must divide m; 1 = CAGNET's 1D algorithm")
+    fanouts: tuple[int, ...] = option((25, 10), "graphsage, llcg: neighbours sampled per layer, "
+                                                "comma-separated (llcg's default: 10 per layer, "
+                                                "the reference's)")
     batch_size: int = option(512, "graphsage: seed nodes per mini-batch; graphsaint: walk roots "
-                                  "per subgraph")
+                                  "per subgraph; llcg: draws per local step (default 256)")
     walk_length: int = option(2, "graphsaint: random-walk length")
     saint_coverage: float = option(100.0, "graphsaint: pre-sample subgraphs until every node was "
                                           "drawn this many times on average, to estimate the "
@@ -129,6 +166,72 @@ class TrainConfig:
                                           "(PyG SAGEConv: mean aggregation and a root weight, the "
                                           "layer of OGB's products example and of GraphSAINT's "
                                           "own code)", ("backbone", "sage"))
+    # FedSage+ (docs/algorithms.md): NeighGen, the reference's settings (zkhku/fedsage)
+    neighgen_hide_from: str = option("not-train-test", "fedsage-plus: the nodes the impaired "
+                                                       "graph may hide: not-train-test = neither "
+                                                       "training nor test (the reference), val = "
+                                                       "validation nodes (FederatedScope, "
+                                                       "OpenFGL)", HIDE_RULES)
+    neighgen_hidden_portion: float = option(0.5, "fedsage-plus: share of those nodes hidden, with "
+                                                 "their edges, to make NeighGen's targets")
+    neighgen_num_pred: int = option(5, "fedsage-plus: most neighbours generated per node (K)")
+    neighgen_count_rounding: str = option("floor", "fedsage-plus: how the predicted count n^ "
+                                                   "becomes generated neighbours (greedy loss, "
+                                                   "mending): floor = the reference's cast to "
+                                                   "int, round = FederatedScope's",
+                                          ("floor", "round"))
+    neighgen_hidden: int = option(32, "fedsage-plus: hidden width of NeighGen's encoder and of its "
+                                      "classifier (the reference's one `hidden`)")
+    neighgen_latent: int = option(128, "fedsage-plus: width of the encoder's output z, the input "
+                                       "of dGen and fGen")
+    neighgen_generator_widths: tuple[int, ...] = option(
+        (256, 2048), "fedsage-plus: fGen's hidden widths, comma-separated (ReLU after each, "
+                     "dropout after the last, then K x features with tanh)")
+    neighgen_dropout: float = option(0.5, "fedsage-plus: NeighGen's dropout")
+    neighgen_lr: float = option(0.001, "fedsage-plus: NeighGen's Adam learning rate (both phases)")
+    neighgen_weight_decay: float = option(0.0001, "fedsage-plus: NeighGen's Adam weight decay")
+    neighgen_epochs: int = option(20, "fedsage-plus: full-batch epochs of local NeighGen training "
+                                      "(encoder, dGen, fGen and classifier)")
+    neighgen_fed_epochs: int = option(20, "fedsage-plus: epochs of federated fGen training (the "
+                                          "rest frozen): the other clients score the generated "
+                                          "rows against their own features")
+    neighgen_count_weight: float = option(1.0, "fedsage-plus: weight of the SmoothL1 loss of the "
+                                               "hidden-neighbour count")
+    neighgen_feature_weight: float = option(1.0, "fedsage-plus: weight of the greedy feature "
+                                                 "losses, the other clients' included")
+    neighgen_class_weight: float = option(1.0, "fedsage-plus: weight of the cross-entropy of "
+                                               "NeighGen's classifier on the mended impaired graph")
+    neighgen_chunk_rows: int = option(4096, "fedsage-plus: fGen runs in chunks of this many rows, "
+                                            "recomputed in the backward pass, so its widest "
+                                            "layer is never held for every node at once "
+                                            "(memory only; 0: all rows at once)")
+    llcg_local_steps: int = option(64, "llcg: K, neighbour-sampled Adam steps per client per "
+                                       "round (one round per epoch; the reference's K = 64)")
+    llcg_server_steps: int = option(1, "llcg: S, the server's correction steps per round on "
+                                       "the whole graph (the reference's 1); 0: periodic "
+                                       "averaging of the local steps alone")
+    llcg_server_lr: float = option(1e-3, "llcg: Adam learning rate of the correction steps (the "
+                                         "reference's default; its Reddit and arXiv settings "
+                                         "use 1e-2)")
+    llcg_server_batch_size: int = option(0, "llcg: draws per correction step; 0: --batch-size "
+                                            "(the reference hands its server's neighbour sampler "
+                                            "the local batch size)")
+    llcg_seeds: str = option("all", "llcg: what a step draws its batch from, uniformly with "
+                                    "replacement: all = every node of the graph, the loss on "
+                                    "the training nodes drawn (the reference); train = the "
+                                    "training nodes only", ("all", "train"))
+    llcg_rho: float = option(1.0, "llcg: rho >= 1, round r runs ceil(K / rho^r) local steps "
+                                  "(the reference's default 1: K every round; its Reddit "
+                                  "setting 1.1)")
+    llcg_grow_k: bool = option(False, "llcg: the rho schedule reversed, K_r = ceil(K / "
+                                      "rho^(E-1-r)) growing to K in the last round (the "
+                                      "reference's inc_k)")
+    llcg_sync_moments: bool = option(True, "llcg: keep the server's own Adam moments across "
+                                           "rounds instead of taking the clients' "
+                                           "training-size-weighted average before the "
+                                           "correction (the reference's server_opt_sync, on in "
+                                           "its d2gnncor mode)",
+                                     flag="--llcg-no-sync-moments")
     # Evaluation, reproducibility, outputs
     eval_every: int = option(1, "full-graph evaluation every this many epochs (the last epoch is "
                                 "always evaluated)")
@@ -151,9 +254,20 @@ class TrainConfig:
     checkpoint_every: int = option(0, "write an atomic checkpoint every K epochs (0: never)")
     resume: str = option("", "continue the run in this run directory from its last checkpoint, "
                              "in the same directory (never a finished run), or into --out")
+    target_val_f1: float = option(0.0, "a validation micro-F1 in (0, 1]: final.json and the last "
+                                       "line give the epoch and the seconds at which an "
+                                       "evaluation first reached it (time to accuracy); 0: none")
     log_every: int = option(1, "print one line every this many epochs on rank 0")
     verbose: bool = option(False, "print the Python traceback with an error message (without it: "
                                   "one line naming the rank, the file and the reason)")
+    watchdog_seconds: str = option(
+        "auto", "seconds a rank may wait in one collective before it asks every rank whether "
+                "it is there; a rank that does not answer within "
+                f"{ANSWER_SECONDS:.0f} s (stopped, swapping, its node lost) ends the job with "
+                "one line naming it (a busy rank answers: a long evaluation or checkpoint is "
+                f"no stall). auto: {SETUP_SECONDS:.0f} s until the first epoch ends, then the "
+                f"larger of {FLOOR_SECONDS:.0f} s and {EPOCHS_OF_TIMEOUT} times the longest "
+                "epoch; 0: off (see docs/reliability.md)")
 
     def validate(self) -> None:
         """Raise ValueError naming the flag, the value found and the value expected."""
@@ -162,7 +276,8 @@ class TrainConfig:
                 raise ValueError(f"--{flag} is {value!r}, expected {expected}")
         check_finite(self)  # every float flag is a finite number (NaN fails no range check)
         for name in ("algo", "backbone", "sampling", "exchange", "dtype", "feature_format",
-                     "saint_layer"):
+                     "saint_layer", "optimizer", "client_weights", "neighgen_hide_from",
+                     "neighgen_count_rounding", "llcg_seeds"):
             choices = _choices(name)
             need(getattr(self, name) in choices, name.replace("_", "-"), getattr(self, name),
                  f"one of {', '.join(choices)}")
@@ -177,13 +292,22 @@ class TrainConfig:
              "a positive number of MB")
         if self.secure and self.algo not in SECURE_ALGOS:
             raise ValueError(f"--secure with --algo {self.algo!r}: masking protects the "
-                             f"cross-client exchange of {' and '.join(SECURE_ALGOS)}; expected "
+                             f"cross-client exchange of {', '.join(SECURE_ALGOS)}; expected "
                              f"--algo one of {', '.join(SECURE_ALGOS)} (the others exchange no "
                              "per-layer terms, or run in one process)")
         if self.secure and self.exchange not in SECURE_EXCHANGES:
             raise ValueError(f"--secure with --exchange {self.exchange!r}: expected --exchange "
                              "compact (the dense and Reduce-tree modes are not masked; "
                              "docs/privacy.md says why)")
+        if self.wire_dtype != "same":
+            need(self.wire_dtype in WIRE_DTYPES, "wire-dtype", self.wire_dtype,
+                 f"one of {', '.join(WIRE_DTYPES)}")
+            if self.exchange not in NARROW_WIRE_EXCHANGES or self.secure:
+                raise ValueError(f"--wire-dtype {self.wire_dtype} with "
+                                 f"{'--secure' if self.secure else '--exchange ' + self.exchange}"
+                                 f": expected --exchange one of "
+                                 f"{', '.join(NARROW_WIRE_EXCHANGES)} without --secure (a "
+                                 "16-bit term cannot be summed by MPI or masked)")
         if self.exact_first_layer and self.algo not in EXACT_FIRST_ALGOS:
             raise ValueError(f"--exact-first-layer with --algo {self.algo!r}: expected --algo "
                              f"one of {', '.join(EXACT_FIRST_ALGOS)} (the methods that train "
@@ -220,15 +344,97 @@ class TrainConfig:
         need(self.log_every >= 1, "log-every", self.log_every, "an integer >= 1")
         check_device_spec(self.device)
         parse_threads(self.threads)
+        parse_watchdog_seconds(self.watchdog_seconds)
         need(self.local_epochs >= 1, "local-epochs", self.local_epochs, "an integer >= 1")
+        self._validate_rounds()
         need(0.0 <= self.nc_fraction <= 1.0, "nc-fraction", self.nc_fraction, "a fraction in [0, 1]")
         need(0.0 < self.boundary_p <= 1.0, "boundary-p", self.boundary_p, "a probability in (0, 1]")
+        need(self.replication >= 1, "replication", self.replication, "an integer >= 1")
+        need(0.0 <= self.target_val_f1 <= 1.0, "target-val-f1", self.target_val_f1,
+             "a micro-F1 in (0, 1], or 0 for none")
+        if self.algo == CAGNET_ALGO:
+            need(self.backbone == "gcn", "backbone", self.backbone,
+                 "gcn with --algo cagnet (CAGNET trains GCN layers)")
         need(self.batch_size >= 1, "batch-size", self.batch_size, "an integer >= 1")
         need(self.walk_length >= 1, "walk-length", self.walk_length, "an integer >= 1")
         need(self.saint_coverage >= 0, "saint-coverage", self.saint_coverage, "a number >= 0")
         need(bool(self.fanouts) and all(v >= 1 for v in self.fanouts), "fanouts",
              ",".join(map(str, self.fanouts)),
              "comma-separated integers >= 1, one per layer (e.g. 25,10)")
+        need(0.0 <= self.neighgen_hidden_portion <= 1.0, "neighgen-hidden-portion",
+             self.neighgen_hidden_portion, "a fraction in [0, 1]")
+        for name in ("neighgen_num_pred", "neighgen_hidden", "neighgen_latent"):
+            need(getattr(self, name) >= 1, name.replace("_", "-"), getattr(self, name),
+                 "an integer >= 1")
+        need(bool(self.neighgen_generator_widths) and
+             all(v >= 1 for v in self.neighgen_generator_widths), "neighgen-generator-widths",
+             ",".join(map(str, self.neighgen_generator_widths)),
+             "comma-separated integers >= 1 (e.g. 256,2048)")
+        need(0.0 <= self.neighgen_dropout < 1.0, "neighgen-dropout", self.neighgen_dropout,
+             "a probability in [0, 1)")
+        need(self.neighgen_lr > 0, "neighgen-lr", self.neighgen_lr, "a positive number")
+        for name in ("neighgen_weight_decay", "neighgen_count_weight", "neighgen_feature_weight",
+                     "neighgen_class_weight"):
+            need(getattr(self, name) >= 0, name.replace("_", "-"), getattr(self, name),
+                 "a number >= 0")
+        for name in ("neighgen_epochs", "neighgen_fed_epochs", "neighgen_chunk_rows"):
+            need(getattr(self, name) >= 0, name.replace("_", "-"), getattr(self, name),
+                 "an integer >= 0")
+
+        need(self.llcg_local_steps >= 1, "llcg-local-steps", self.llcg_local_steps,
+             "an integer >= 1")
+        need(self.llcg_server_steps >= 0, "llcg-server-steps", self.llcg_server_steps,
+             "an integer >= 0 (0: no correction)")
+        need(self.llcg_server_lr > 0, "llcg-server-lr", self.llcg_server_lr, "a positive number")
+        need(self.llcg_server_batch_size >= 0, "llcg-server-batch-size",
+             self.llcg_server_batch_size, "an integer >= 1, or 0 for --batch-size")
+        need(self.llcg_rho >= 1.0, "llcg-rho", self.llcg_rho, "a number >= 1 (K / rho^r "
+             "shrinks K; below 1 it would grow without bound: --llcg-grow-k grows it to K)")
+        if self.algo == "llcg":
+            need(len(self.fanouts) == self.layers, "fanouts", ",".join(map(str, self.fanouts)),
+                 f"one value per layer with --algo llcg (--layers {self.layers}: e.g. "
+                 f"{','.join(['10'] * self.layers)})")
+
+    def check_method_settings(self) -> None:
+        """Raise ValueError where a flag clashes with the method (checked once the method's
+        defaults are applied: ``mpifgl.registry.Method.default_changes``)."""
+        if self.algo == CAGNET_ALGO and self.sampling != "none":
+            raise ValueError(f"--sampling is {self.sampling!r}, expected none with --algo "
+                             "cagnet (CAGNET is exact full-batch training)")
+
+    def check_clients(self, num_clients: int, shards: str) -> None:
+        """Raise ValueError where a flag does not fit the shards' number of clients (checked
+        once the manifest is read, on every rank alike)."""
+        if self.algo == CAGNET_ALGO and num_clients % self.replication:
+            divisors = [c for c in range(1, num_clients + 1) if num_clients % c == 0]
+            raise ValueError(f"--replication is {self.replication}, expected a divisor of the "
+                             f"{num_clients} clients of {shards}: one of "
+                             f"{', '.join(map(str, divisors))}")
+
+    def _validate_rounds(self) -> None:
+        """The flags of the model-averaging methods and of FedGCN's pre-training round."""
+        if self.client_weights != "train" and self.algo not in AVERAGING_ALGOS:
+            raise ValueError(f"--client-weights {self.client_weights} with --algo {self.algo!r}: "
+                             f"expected --algo one of {', '.join(AVERAGING_ALGOS)} (the methods "
+                             "that average client models)")
+        if self.hops is not None and self.algo not in ROUND_ALGOS:
+            raise ValueError(f"--hops with --algo {self.algo!r}: expected --algo one of "
+                             f"{', '.join(ROUND_ALGOS)} (the methods with a pre-training round)")
+        if self.algo not in ROUND_ALGOS:
+            return
+        hops = self.hops if self.hops is not None else METHODS[self.algo].default("hops")
+        if hops not in HOPS:
+            raise ValueError(f"--hops is {hops!r}, expected one of "
+                             f"{', '.join(map(str, HOPS))}")
+        if hops > 0 and self.layers < 2:
+            raise ValueError(f"--layers {self.layers} with --algo {self.algo} --hops {hops}: "
+                             "expected --layers >= 2 (a linear layer on the pre-aggregated rows, "
+                             "then at least one graph layer)")
+        if hops > 0 and self.exchange not in SECURE_EXCHANGES:
+            raise ValueError(f"--exchange {self.exchange} with --algo {self.algo}: expected "
+                             f"--exchange {' or '.join(SECURE_EXCHANGES)} (the round sends rows "
+                             "with their ids to the server alone, which sums them; no other "
+                             "rank may see a partial sum)")
 
     @property
     def weight_seed(self) -> int:
@@ -249,8 +455,9 @@ class TrainConfig:
         values = {k: v for k, v in values.items() if k in known}
         if isinstance(values.get("fanouts"), str):
             values["fanouts"] = CommaSeparated(int)(values["fanouts"])
-        if isinstance(values.get("fanouts"), list):
-            values["fanouts"] = tuple(values["fanouts"])
+        for f in fields(cls):  # JSON's lists back to the tuple fields' tuples
+            if isinstance(f.default, tuple) and isinstance(values.get(f.name), list):
+                values[f.name] = tuple(values[f.name])
         return cls(**values)
 
 
@@ -261,6 +468,20 @@ def parse_threads(spec: str) -> int:
     if spec.isdigit() and int(spec) >= 1:
         return int(spec)
     raise ValueError(f"--threads is {spec!r}, expected auto or an integer >= 1")
+
+
+def parse_watchdog_seconds(spec: str) -> float | None:
+    """None for ``auto``, else the seconds (0: off); ValueError naming the flag otherwise."""
+    if spec == "auto":
+        return None
+    try:
+        seconds = float(spec)
+    except ValueError:
+        seconds = float("nan")
+    if seconds >= 0 and seconds != float("inf"):
+        return seconds
+    raise ValueError(f"--watchdog-seconds is {spec!r}, expected auto, 0 (off) or a number of "
+                     f"seconds > 0")
 
 
 def check_device_spec(spec: str) -> None:
@@ -290,7 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
 # with less memory needs it).
 RESUME_OVERRIDABLE = ("epochs", "eval_every", "log_every", "checkpoint_every", "save_logits",
                       "resume", "out", "force", "verbose", "exchange_buffer_mb", "device",
-                      "threads")
+                      "threads", "watchdog_seconds")
 # Flags a resumed run may change only to a value proven the same: shards moved elsewhere
 # (--shards NEW), whose fingerprint must equal the checkpoint's (mpifgl.train checks it).
 RESUME_PROVEN = ("shards",)

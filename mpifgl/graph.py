@@ -171,6 +171,10 @@ class CrossExchangePlan:
     # int64 [|S_i|]: each own row's entries in the cross block at sampled nodes, its neighbours
     # on other clients inside S (the degree --subgraph-norm adds to the inner block's)
     cross_degree: np.ndarray | None = None
+    # per sender (None for this client): the positions among receive_rows whose terms it sends,
+    # ascending, for a plan that is not of the cross block (--secure's unmasking); None: read
+    # from this client's own cross block (A_ij = A_ji^T)
+    receive_senders: list[np.ndarray | None] | None = None
 
     @property
     def segment_start(self) -> np.ndarray:

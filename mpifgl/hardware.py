@@ -37,6 +37,7 @@ class Placement:
     device: torch.device
     threads: int
     gpu_name: str = ""  # empty on the CPU
+    host: str = ""  # the node it runs on (config.json and the start line name it)
 
     def describe(self) -> str:
         where = f"{self.device} ({self.gpu_name})" if self.gpu_name else "cpu"
@@ -107,7 +108,7 @@ def place(device: str, threads: str, comm: Communicator) -> Placement:
     slot = clients.index(comm.rank) if comm.rank in clients else 0
     chosen = resolve_device(device, slot)
     name = torch.cuda.get_device_name(chosen) if chosen.type == "cuda" else ""
-    return Placement(chosen, count, name)
+    return Placement(chosen, count, name, comm.hosts[comm.rank])
 
 
 def apply(placement: Placement) -> None:

@@ -64,7 +64,7 @@ def _parallel_loop():
     if not hasattr(_parallel_loop, "compiled"):
         import numba
         # numba's own thread pool: an OpenMP one would spin against torch's between the two
-        # libraries' calls (7x slower epochs, docs/hardware.md)
+        # libraries' calls (much slower epochs, docs/hardware.md)
         numba.config.THREADING_LAYER = "workqueue"
 
         @numba.njit(parallel=True, nogil=True, cache=True)
@@ -353,7 +353,7 @@ class _SparseMatmul(torch.autograd.Function):
 
 class SparseFeatures:
     """Rows of a sparse (bag-of-words) input matrix. The first layer multiplies it without ever
-    densifying: on Cora or Coauthor CS (about 1% non-zeros) that is most of an epoch's FLOPs.
+    densifying: on Cora or Coauthor CS (docs/algorithms.md) that is most of an epoch's FLOPs.
     Products are accumulated in float64 and rounded once to ``dtype``: as accurate as a dense
     BLAS product, so float32 runs agree with other implementations to float32 precision."""
 

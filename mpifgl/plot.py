@@ -4,7 +4,10 @@ One PNG of four panels over epochs, several runs overlaid (one colour per run): 
 loss; micro-F1 on train (dashed), val (dotted) and test (solid); the epoch's seconds (training
 and evaluation, the slowest rank); and the bytes a client rank sent and received in the epoch
 (mean over the client ranks, MiB; 0 for a run in one process). It reads ``metrics.jsonl`` only,
-so it also draws a run that is still going or stopped early.
+so it also draws a run that is still going or stopped early. ``--x seconds`` draws the same
+panels over the run's seconds instead (``elapsed_seconds``: training and evaluation since
+training began; the sum of the epochs' seconds for runs recorded before it): micro-F1 against
+time, for comparing methods by time to accuracy.
 
 Plain json + matplotlib (Agg): no torch, no MPI.
 """
@@ -26,6 +29,7 @@ PROG = "mpifgl.plot"
 SPLIT_STYLES = {"train": "--", "val": ":", "test": "-"}
 MIB = 2 ** 20
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+X_AXES = {"epoch": "epoch", "seconds": "seconds of training and evaluation"}
 
 
 class PlotError(ValueError):
@@ -61,8 +65,20 @@ def client_mib(record: dict[str, Any]) -> float:
     return sum(totals) / len(totals) / MIB
 
 
-def draw(runs: dict[str, list[dict[str, Any]]]) -> bytes:
-    """The PNG of the four panels for ``runs`` (label -> records)."""
+def x_values(records: list[dict[str, Any]], x: str) -> list[float]:
+    """Each record's place on the x axis: its epoch, or its ``elapsed_seconds`` (else the sum
+    of the epochs' seconds so far)."""
+    if x == "epoch":
+        return [r["epoch"] for r in records]
+    total, values = 0.0, []
+    for record in records:
+        total += record.get("epoch_seconds", 0.0)
+        values.append(record.get("elapsed_seconds", total))
+    return values
+
+
+def draw(runs: dict[str, list[dict[str, Any]]], x: str = "epoch") -> bytes:
+    """The PNG of the four panels for ``runs`` (label -> records), over ``x`` (``X_AXES``)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -72,11 +88,11 @@ def draw(runs: dict[str, list[dict[str, Any]]]) -> bytes:
     loss, f1, seconds, traffic = axes.flat
     for index, (label, records) in enumerate(runs.items()):
         colour = f"C{index % 10}"
-        epochs = [r["epoch"] for r in records]
+        epochs = x_values(records, x)
         loss.plot(epochs, [r["loss"] for r in records], color=colour, label=label)
         for split, style in SPLIT_STYLES.items():
-            scored = [r for r in records if f"{split}_micro_f1" in r]
-            f1.plot([r["epoch"] for r in scored], [r[f"{split}_micro_f1"] for r in scored],
+            scored = [k for k, r in enumerate(records) if f"{split}_micro_f1" in r]
+            f1.plot([epochs[k] for k in scored], [records[k][f"{split}_micro_f1"] for k in scored],
                     style, color=colour, label=f"{label} {split}")
         seconds.plot(epochs, [r.get("epoch_seconds", float("nan")) for r in records],
                      color=colour, label=label)
@@ -86,8 +102,9 @@ def draw(runs: dict[str, list[dict[str, Any]]]) -> bytes:
                               (seconds, "epoch time (slowest rank)", "seconds"),
                               (traffic, "bytes per client rank (sent + received)", "MiB")):
         axis.set_title(title)
-        axis.set_xlabel("epoch")
-        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axis.set_xlabel(X_AXES[x])
+        if x == "epoch":
+            axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.set_ylabel(unit)
         axis.grid(alpha=0.3)
     loss.legend(fontsize="small")
@@ -112,17 +129,22 @@ def is_png(path: Path) -> bool:
         return False
 
 
-def plot_runs(run_dirs: list[Path], out: Path | None = None, from_epoch: int = 1) -> Path:
-    """Draw ``run_dirs`` from epoch ``from_epoch`` on into ``out`` (default: RUN_DIR/metrics.png
-    for one run, metrics.png in the working directory for several); returns the path written.
-    ProtectedPathError when ``out`` would replace a file of a run or enter a shard directory
-    (``fgl_common.protected``)."""
+def plot_runs(run_dirs: list[Path], out: Path | None = None, from_epoch: int = 1,
+              x: str = "epoch") -> Path:
+    """Draw ``run_dirs`` from epoch ``from_epoch`` on, over ``x`` (``X_AXES``), into ``out``
+    (default: RUN_DIR/metrics.png for one run, metrics.png in the working directory for
+    several); returns the path written. ProtectedPathError when ``out`` would replace a file
+    of a run or enter a shard directory (``fgl_common.protected``)."""
     if out is None:
         out = run_dirs[0] / "metrics.png" if len(run_dirs) == 1 else Path("metrics.png")
     check_output_file(out, "--out", is_own=is_png)
-    runs = {label: [r for r in read_metrics(path) if r["epoch"] >= from_epoch]
-            for label, path in zip(labels_for(run_dirs), run_dirs)}
-    write_bytes(out, draw(runs))
+    runs = {}
+    for label, path in zip(labels_for(run_dirs), run_dirs):
+        records = read_metrics(path)
+        seconds = x_values(records, "seconds")  # from the first epoch on, drawn or not
+        runs[label] = [{**r, "elapsed_seconds": t} for r, t in zip(records, seconds)
+                       if r["epoch"] >= from_epoch]
+    write_bytes(out, draw(runs, x))
     return out
 
 
@@ -137,6 +159,9 @@ class PlotArgs:
                                    "metrics.png in the working directory for several")
     from_epoch: int = option(1, "draw the epochs from this one on (leave out the first epochs' "
                                 "fall, to compare runs near convergence)")
+    x: str = option("epoch", "the x axis: epoch, or seconds (training and evaluation since "
+                             "training began: micro-F1 against time, to compare methods by time "
+                             "to accuracy)", tuple(X_AXES))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_epoch < 1:
         parser.error(f"--from-epoch {args.from_epoch}: expected an epoch >= 1")
     try:
-        out = plot_runs(run_dirs, Path(args.out) if args.out else None, args.from_epoch)
+        out = plot_runs(run_dirs, Path(args.out) if args.out else None, args.from_epoch,
+                        args.x)
     except (PlotError, ProtectedPathError, OSError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1

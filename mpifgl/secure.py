@@ -102,7 +102,8 @@ class SecureSession:
         start, and per chunk of its receive rows ((first, count) each) which senders' keystream
         rows it removes where."""
         owner_first = np.searchsorted(plan.touched, plan.segment_start).astype(np.int64)
-        rows_from = self._rows_from(plan, owner_first)
+        rows_from = (plan.receive_senders if plan.receive_senders is not None
+                     else self._rows_from(plan, owner_first))
         chunks = [self._unmask_chunk(rows_from, first, count) for first, count in receive_chunks]
         term_bound = 0.0
         send = plan.send_rows.arrays if plan.send_rows is not None else None
@@ -306,8 +307,10 @@ class MaskedSums:
 
     def extra_counters(self) -> dict[str, int]:
         """Masked operations redone since reset_counters (a term outgrew its lagged range):
-        every rank runs the same redos, so any rank's count is the run's."""
-        return {"secure_redos": self.session.redos - self._redos_at_reset}
+        every rank runs the same redos, so any rank's count is the run's; and the inner
+        communicator's own counts."""
+        return {**self.inner.extra_counters(),
+                "secure_redos": self.session.redos - self._redos_at_reset}
 
     def counting_exchange(self) -> AbstractContextManager[None]:
         return self.inner.counting_exchange()

@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import torch
-
 from fgl_common.cli import dataclass_from_namespace, explicit_dests
 from fgl_common.shard_format import (MANIFEST_NAME, ShardError, check_shard_against_manifest,
                                      default_shard_dir, describe_non_finite, file_sha256,
@@ -34,10 +32,11 @@ from fgl_common.shard_format import (MANIFEST_NAME, ShardError, check_shard_agai
 from fgl_common.shard_identity import describe as describe_shards
 from fgl_common.shard_identity import describe_graph, fingerprint, graph_fingerprint
 from mpifgl.communicator import Communicator, LocalComm
-from mpifgl.config import (TrainConfig, build_parser, resolved_path, restart_command,
-                           resumed_config, resumes_in_place)
+from mpifgl.config import (TrainConfig, build_parser, parse_watchdog_seconds, resolved_path,
+                           restart_command, resumed_config, resumes_in_place)
 from mpifgl.failures import (AgreedFailure, Interrupted, SetupError, agree, describe,
-                             exit_status, install_signal_handlers, rank_label)
+                             describe_stall, exit_status, host_of, install_signal_handlers,
+                             rank_label, signals_ignored)
 from mpifgl.finite import NonFiniteError
 from mpifgl.graph import ClientGraph
 from mpifgl import hardware
@@ -46,6 +45,7 @@ from mpifgl.runlog import (CHECKPOINT_NAME, RunDirectory, claim_run_dir, default
                            load_checkpoint, new_run_id)
 from mpifgl.sampling import default_sample_size
 from mpifgl.trainer import Trainer
+from mpifgl.watchdog import Stall, timeout_seconds
 
 log = logging.getLogger("mpifgl")
 PROG = "mpifgl.train"
@@ -70,6 +70,16 @@ class RankProgress:
         if self.trainer is None:
             return self.phase
         return self.trainer.position or "while writing the final outputs"
+
+    def leave_run_dir(self) -> None:
+        """A failed run gives up its directory: a run that never started leaves none, one that
+        did keeps its files and releases its lock."""
+        if self.run_dir is None:
+            return
+        if self.trainer is None:
+            self.run_dir.abandon()
+        else:
+            self.run_dir.release()
 
     def kept(self, size: int, repeatable: bool = True) -> str:
         """What a run that started training keeps, and how to go on: ``--resume`` from its
@@ -129,8 +139,9 @@ def parse_args(argv: list[str] | None, quiet: bool) -> TrainConfig:
         parser.print_usage = lambda *a, **k: None  # type: ignore[method-assign]
         parser._print_message = lambda *a, **k: None  # type: ignore[method-assign]
     config = dataclass_from_namespace(TrainConfig, parser.parse_args(argv))
-    try:
-        config.validate()
+    explicit = explicit_dests(parser, argv if argv is not None else sys.argv[1:])
+    try:  # checked as the method runs it: its defaults for the flags not given
+        config.replace(**get_method(config.algo).default_changes(explicit)).validate()
     except ValueError as exc:
         if not quiet:
             parser.print_usage(sys.stderr)
@@ -187,6 +198,16 @@ def load_rank_graph(config: TrainConfig, comm: Communicator, manifest) -> Client
     if not comm.is_client:
         return ClientGraph.empty(sizes, manifest.num_features)
     return ClientGraph.from_shard(load_checked_shard(config, manifest, comm.client_id), sizes)
+
+
+def load_whole_graph(config: TrainConfig, comm: Communicator, manifest) -> ClientGraph | None:
+    """Every shard, merged, on the server of a method whose server holds the whole graph
+    (the registry's ``server_loads_graph``: LLCG); None on every other rank and method."""
+    if comm.is_single_process or not comm.is_server or \
+            not get_method(config.algo).server_loads_graph:
+        return None
+    return ClientGraph.merged([load_checked_shard(config, manifest, i)
+                               for i in range(manifest.num_clients)])
 
 
 def load_checked_shard(config: TrainConfig, manifest, client_id: int):
@@ -340,6 +361,7 @@ def set_up(config: TrainConfig, comm: Communicator, progress: RankProgress,
             raise
         check_world_size(comm, manifest, config.shards)
         check_sample_size(config, manifest)
+        config.check_clients(manifest.num_clients, config.shards)
         if checkpoint is not None:
             if checkpoint.get("world_size") != comm.size:
                 raise SetupError(f"--resume {config.resume}: checkpoint written with "
@@ -363,14 +385,14 @@ def set_up(config: TrainConfig, comm: Communicator, progress: RankProgress,
     hardware.apply(placement)
     progress.phase = "while taking the run directory and loading the shards"
 
-    def claim_and_load() -> ClientGraph:
+    def claim_and_load() -> tuple[ClientGraph, ClientGraph | None]:
         # The run directory is taken (lock) before anything is written, and before the last
         # agreement point, so a run directory that cannot be created stops every rank here
         # (a resume in place took it already).
         if comm.is_server and progress.run_dir is None:
             progress.run_dir = claim_run_dir(config.out, config.force, False, exclusive)
-        return load_rank_graph(config, comm, manifest)
-    graph = agree(comm, claim_and_load)
+        return load_rank_graph(config, comm, manifest), load_whole_graph(config, comm, manifest)
+    graph, whole_graph = agree(comm, claim_and_load)
     progress.phase = "during set-up"
     run_dir = progress.run_dir
     if run_dir is not None and run_dir.leftovers:
@@ -387,12 +409,14 @@ def set_up(config: TrainConfig, comm: Communicator, progress: RankProgress,
                 "graph_description": describe_graph(manifest.raw)}
     if run_dir is not None:  # the server: whose records these are, and where it continued from
         run_info.update(run_identity(config, checkpoint))
+    if get_method(config.algo).server_loads_graph:
+        run_info["server_holds_whole_graph"] = True
     placements = comm.gather_objects(placement)
     if placements is not None:
         run_info["placement"] = describe_placements(placements)
     # collective: checks, with one sum over ranks, that the shards are one partition
     trainer = build_trainer(config, comm, graph, manifest.num_classes, run_dir, run_info,
-                            placement.device)
+                            placement.device, whole_graph)
     if config.resume:
         trainer.load_checkpoint(checkpoint)
         if run_dir is not None:
@@ -409,6 +433,7 @@ def set_up(config: TrainConfig, comm: Communicator, progress: RankProgress,
                     "devices": [str(p.device) for p in placements],
                     "gpu_names": [p.gpu_name for p in placements],
                     "threads_per_rank": [p.threads for p in placements],
+                    "hosts": [p.host for p in placements],
                     **{key: run_info[key] for key in RECORDED_IN_CONFIG}}
         run_dir.write_json("config.json", resolved)
         log.info("config: %s", " ".join(f"{k}={v}" for k, v in sorted(config.to_dict().items())))
@@ -439,6 +464,10 @@ def start_line(config: TrainConfig, trainer: Trainer, comm: Communicator) -> str
     mpirun (which drops every later line)."""
     where = (f"({trainer.graph.num_nodes} nodes)" if comm.is_single_process
              else f"over {comm.num_clients} clients")
+    whole = trainer.setup.whole_graph
+    if whole is not None:  # LLCG as published: not federated (docs/privacy.md)
+        where += (f", the server holding the whole graph ({whole.num_nodes} nodes, "
+                  f"{whole.inner.nnz} directed edges, features and labels)")
     launch = f"mpirun -n {comm.size} " if comm.size > 1 else ""
     out = shlex.quote(config.out)
     every = ("every epoch" if config.checkpoint_every == 1
@@ -481,7 +510,20 @@ def summary_line(final: dict, out: str) -> str:
             f"{final['eval_seconds']:.1f} s in all ({final['evaluations']} evaluations); "
             f"traffic {traffic}; peak memory {peak}; best val micro-F1 "
             f"{final['best_val_micro_f1']:.4f} at epoch {final['best_epoch']} ({train}test "
-            f"{final['test_micro_f1']:.4f}) -> {out}")
+            f"{final['test_micro_f1']:.4f}){target_phrase(final)} -> {out}")
+
+
+def target_phrase(final: dict) -> str:
+    """'; val micro-F1 0.80 first reached at epoch 12, 3.4 s of training and evaluation (5.0 s
+    wall)', or that it was not; empty without --target-val-f1."""
+    target = final.get("target_val_micro_f1")
+    if not target:
+        return ""
+    if final.get("target_epoch") is None:
+        return f"; target val micro-F1 {target:.4f} not reached"
+    return (f"; target val micro-F1 {target:.4f} first reached at epoch {final['target_epoch']}, "
+            f"{final['seconds_to_target']:.1f} s of training and evaluation "
+            f"({final['wall_seconds_to_target']:.1f} s wall)")
 
 
 def train(config: TrainConfig, comm: Communicator, progress: RankProgress,
@@ -508,51 +550,94 @@ def describe_placements(placements: list[hardware.Placement]) -> str:
     threads = sorted({p.threads for p in placements})
     per_rank = "/".join(map(str, threads))
     where = ", ".join(f"{d} x {n}" if n > 1 else d for d, n in devices.items())
-    return f"{where}, {per_rank} thread{'s' if threads != [1] else ''} per rank"
+    return (f"{where}, {per_rank} thread{'s' if threads != [1] else ''} per rank"
+            f"{describe_hosts([p.host for p in placements])}")
+
+
+def describe_hosts(hosts: list[str]) -> str:
+    """Which ranks run where, when they run on several hosts: ' on 2 hosts (node1: ranks 0-4,
+    node2: ranks 5-8)'; empty on one host."""
+    ranks: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        ranks.setdefault(host, []).append(rank)
+    if len(ranks) < 2:
+        return ""
+    return (f" on {len(ranks)} hosts ("
+            + ", ".join(f"{host}: rank{'s' if len(r) > 1 else ''} {rank_ranges(r)}"
+                        for host, r in ranks.items()) + ")")
+
+
+def rank_ranges(ranks: list[int]) -> str:
+    """Ascending ranks in runs: [0, 1, 2, 4, 6, 7] -> '0-2,4,6-7'."""
+    runs: list[list[int]] = []
+    for rank in ranks:
+        if runs and rank == runs[-1][-1] + 1:
+            runs[-1].append(rank)
+        else:
+            runs.append([rank])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 def run_rank(comm: Communicator, progress: RankProgress, body: Callable[[], int]) -> int:
     """The one failure rule of every rank (module docstring): agreed failures (set-up findings,
     a non-finite value) are printed by rank 0 and end every rank normally; anything else is
     printed by this rank and ends the whole job (``comm.abort``; in one process, the exit
-    status)."""
+    status). While it reports, further signals are ignored (one line, not tracebacks)."""
     try:
         return body()
     except AgreedFailure as exc:
-        kept = ""
-        if progress.run_dir is not None:
-            if progress.trainer is None:
-                progress.run_dir.abandon()  # a run that never started leaves no directory
-            else:
+        with signals_ignored():
+            kept = ""
+            if progress.run_dir is not None and progress.trainer is not None:
                 kept = progress.kept(comm.size, repeatable=not isinstance(exc, NonFiniteError))
-                progress.run_dir.release()
-        if comm.is_server:
-            print(f"{PROG}: error: {exc}{kept}", file=sys.stderr, flush=True)
+            progress.leave_run_dir()
+            if comm.is_server:
+                print(f"{PROG}: error: {exc}{kept}", file=sys.stderr, flush=True)
         return INPUT_ERROR
     except BaseException as exc:  # noqa: B036 - any failure must end the job, not hang it
-        status = exit_status(exc)
-        if not comm.is_single_process and (isinstance(exc, Interrupted)
-                                           or progress.trainer is None):
-            # A signal to every rank (srun, scancel), or a set-up error every rank meets alike,
-            # must give one report: the lowest rank that has it reports, and its abort ends
-            # the others while they still wait.
-            time.sleep(REPORT_STAGGER * min(comm.rank, MAX_STAGGERED_RANKS))
-        if progress.config.verbose:
-            traceback.print_exc()
-        who = "" if comm.is_single_process else f" on {rank_label(comm.rank, comm.client_id)}"
-        if isinstance(exc, Interrupted):
-            message = f"interrupted by {exc}{who} {progress.where()}"
-        else:
-            message = f"error{who} {progress.where()}: {describe(exc)}"
-        print(f"{PROG}: {message}{progress.kept(comm.size)}", file=sys.stderr, flush=True)
-        if progress.run_dir is not None:
-            if progress.trainer is None:
-                progress.run_dir.abandon()  # a run that never started leaves no directory
-            else:
-                progress.run_dir.release()
-        if not comm.is_single_process:
-            comm.abort(status)  # one process returns its status instead (tests call main)
-        return status
+        with signals_ignored():
+            return report_and_abort(exc, comm, progress)
+
+
+def report_and_abort(exc: BaseException, comm: Communicator, progress: RankProgress) -> int:
+    """``run_rank``'s report of a failure of this rank alone: one line, then the job ends."""
+    status = exit_status(exc)
+    if not comm.is_single_process and (isinstance(exc, Interrupted) or progress.trainer is None):
+        # A signal to every rank (srun, scancel), or a set-up error every rank meets alike,
+        # must give one report: the lowest rank that has it reports, and its abort ends
+        # the others while they still wait.
+        time.sleep(REPORT_STAGGER * min(comm.rank, MAX_STAGGERED_RANKS))
+    if progress.config.verbose:
+        traceback.print_exc()
+    who = ("" if comm.is_single_process else
+           f" on {rank_label(comm.rank, comm.client_id, host_of(comm, comm.rank))}")
+    if isinstance(exc, Interrupted):
+        message = f"interrupted by {exc}{who} {progress.where()}"
+    else:
+        config = progress.trainer.config if progress.trainer is not None else progress.config
+        message = (f"error{who} {progress.where()}: "
+                   f"{describe(exc, config, comm.is_single_process)}")
+    print(f"{PROG}: {message}{progress.kept(comm.size)}", file=sys.stderr, flush=True)
+    progress.leave_run_dir()
+    if not comm.is_single_process:
+        comm.abort(status)  # one process returns its status instead (tests call main)
+    return status
+
+
+def report_stall(stall: Stall, comm: Communicator, progress: RankProgress) -> None:
+    """The watchdog's report (its monitor thread aborts the job after it)."""
+    print(f"{PROG}: error: {describe_stall(stall, progress.where())}{progress.kept(comm.size)}",
+          file=sys.stderr, flush=True)
+    progress.leave_run_dir()
+
+
+def watchdog_timeout(progress: RankProgress) -> float:
+    """--watchdog-seconds of the run's config (a resume may change it), auto: by the longest
+    epoch so far."""
+    trainer = progress.trainer
+    longest = trainer.longest_epoch_seconds if trainer is not None else 0.0
+    return timeout_seconds(parse_watchdog_seconds(progress.config.watchdog_seconds),
+                           longest or None)
 
 
 def run_centralized(config: TrainConfig, explicit: set[str]) -> int:
@@ -579,6 +664,9 @@ def run_distributed(config: TrainConfig, explicit: set[str]) -> int:
     setup_logging("server" if comm.is_server else f"client {comm.client_id}", comm.is_server)
     install_signal_handlers()
     progress = RankProgress(config)
+    if parse_watchdog_seconds(config.watchdog_seconds) != 0:
+        comm.start_watchdog(lambda: watchdog_timeout(progress),
+                            lambda stall: report_stall(stall, comm, progress))
     return run_rank(comm, progress, lambda: train(config, comm, progress, explicit))
 
 
@@ -590,7 +678,13 @@ def main(argv: list[str] | None = None) -> int:
         if saved is not None:
             config = config.replace(algo=saved[0].algo)
     method = get_method(config.algo)
-    config = method.with_defaults(config, explicit)
+    config = config.replace(**method.default_changes(explicit))
+    try:
+        config.check_method_settings()  # a flag given may clash with the method's defaults
+    except ValueError as exc:
+        if launcher_rank() == 0:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
     if not method.distributed:
         return run_centralized(config, explicit)
     return run_distributed(config, explicit)

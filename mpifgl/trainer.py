@@ -16,8 +16,9 @@ from __future__ import annotations
 import logging
 import resource
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Iterator, Protocol
 
 import numpy as np
 import torch
@@ -30,7 +31,8 @@ from mpifgl.failures import SetupError
 from mpifgl.finite import FiniteGuard
 from mpifgl.graph import ClientGraph
 from mpifgl.model import GNN
-from mpifgl.optim import Adam
+from mpifgl.optim import SGD, Adam
+from mpifgl.registry import OPTIMIZERS, lookup
 from mpifgl.runlog import CHECKPOINT_NAME, RunDirectory
 from mpifgl.sampling import group_counts, node_groups
 from mpifgl.secure import MaskedSums, SecureSession
@@ -91,10 +93,14 @@ class RankSetup:
     device: torch.device = torch.device("cpu")  # where this rank computes (--device)
     # the finite rule: a method's sum over ranks reports its share here (mpifgl.finite)
     finite: FiniteGuard | None = None
+    # the merged graph, on the server of a method whose server holds it (registry's
+    # ``server_loads_graph``); None elsewhere. The sums above count the clients' shards only
+    whole_graph: ClientGraph | None = None
 
     @classmethod
     def create(cls, config: TrainConfig, comm: Communicator, graph: ClientGraph,
-               num_classes: int, device: torch.device | str = "cpu") -> "RankSetup":
+               num_classes: int, device: torch.device | str = "cpu",
+               whole_graph: ClientGraph | None = None) -> "RankSetup":
         """One sum over ranks gives the global group counts (for the sampler) and split sizes,
         and checks that the clients' shards form one partition of one graph (every --algo and
         --exchange; a SetupError on every rank otherwise); with --secure the keys are agreed
@@ -121,14 +127,21 @@ class RankSetup:
                    groups, totals[:num_classes + 1],
                    dict(zip(SPLITS, (int(v) for v in totals[num_classes + 1:counts.shape[0]]))),
                    np.random.default_rng(int(seeds[0])), dropout_stream(int(seeds[1]), device),
-                   masking, device, FiniteGuard(comm, sum_keeps_non_finite=masking is None))
+                   masking, device, FiniteGuard(comm, sum_keeps_non_finite=masking is None),
+                   whole_graph)
 
-    def gnn_and_optimizer(self) -> tuple[GNN, Adam]:
-        """The configured GNN (same initial weights on every rank) and its Adam."""
+    def gnn_and_optimizer(self) -> tuple[GNN, "Adam | SGD"]:
+        """The configured GNN (same initial weights on every rank) and its optimizer."""
         config = self.config
         model = GNN(config.backbone, self.graph.x.shape[1], config.hidden, self.num_classes,
                     config.layers, config.dropout, config.weight_seed, self.dtype).to(self.device)
-        return model, Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        return model, self.optimizer_of(model)
+
+    def optimizer_of(self, model: torch.nn.Module) -> "Adam | SGD":
+        """``--optimizer`` over ``model``'s parameters, with --lr and --weight-decay."""
+        config = self.config
+        optimizer = lookup(OPTIMIZERS, "optimizer", config.optimizer).load()
+        return optimizer(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
 
     def mask(self, split: str) -> torch.Tensor:
         """bool [n_i] of ``split`` on this rank's device."""
@@ -181,11 +194,14 @@ def check_partition(total: np.ndarray, client_sizes: np.ndarray, shards: str,
 
 class TrainingMethod(Protocol):
     """One rank's side of a method (``--algo``): what the run loop calls. ``train_step`` and
-    ``full_logits`` are collective."""
+    ``full_logits`` are collective. Optional: ``phases`` (a ``PhaseMeter``: the epoch's phases
+    in metrics.jsonl) and ``evaluated_nodes`` (``Trainer.evaluated_nodes``)."""
 
     config: TrainConfig  # resolved against the graph (sample size, steps per epoch)
     model: torch.nn.Module
-    optimizer: Adam
+    optimizer: "Adam | SGD"
+    # A method may also hold ``setup_record``, on the server the traffic of its set-up phases
+    # (``PhaseTraffic.record``): the first epoch's record and final.json carry it.
 
     def train_step(self) -> float:
         """One optimizer step (or FedAvg round) on every rank; the global loss."""
@@ -202,6 +218,66 @@ class TrainingMethod(Protocol):
     def restore_rank_state(self, state: dict[str, Any]) -> None: ...
 
 
+class PhaseTraffic:
+    """The traffic of one phase of a method's set-up (FedGCN's pre-training round), which the
+    epochs' counters never see: ``record`` (collective) gives the server every rank's bytes
+    and the phase's seconds as ``{phase}_bytes_sent``, ``{phase}_bytes_received`` (lists by
+    rank, exchange bytes included) and ``{phase}_seconds`` (the slowest rank's)."""
+
+    def __init__(self, comm: Communicator):
+        self.comm = comm
+        self.start = self._counters()
+
+    def _counters(self) -> np.ndarray:
+        return np.asarray([self.comm.bytes_sent, self.comm.bytes_received, time.perf_counter()])
+
+    def record(self, phase: str) -> dict[str, Any] | None:
+        moved = self._counters() - self.start
+        table = self.comm.gather_rows(torch.from_numpy(moved))
+        if table is None:
+            return None
+        table = table.numpy()
+        return {f"{phase}_bytes_sent": [int(v) for v in table[:, 0]],
+                f"{phase}_bytes_received": [int(v) for v in table[:, 1]],
+                f"{phase}_seconds": float(table[:, 2].max())}
+
+
+class PhaseMeter:
+    """Seconds and bytes (sent + received) of a method's named phases in the current epoch, on
+    this rank: the method wraps each phase in ``with phases("name"):`` and keeps the meter as its
+    ``phases``; the Trainer resets it every epoch and writes ``phases`` to metrics.jsonl,
+    {name: {"seconds": [per rank], "bytes": [per rank]}} (rank 0 the server)."""
+
+    def __init__(self, comm: Communicator, names: tuple[str, ...]):
+        self.comm, self.names = comm, tuple(names)
+        self.reset()
+
+    def reset(self) -> None:
+        self.seconds = dict.fromkeys(self.names, 0.0)
+        self.bytes = dict.fromkeys(self.names, 0)
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start, moved = time.perf_counter(), self.comm.bytes_sent + self.comm.bytes_received
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - start
+            self.bytes[name] += self.comm.bytes_sent + self.comm.bytes_received - moved
+
+    def row(self) -> np.ndarray:
+        """This rank's figures, one fixed-length row: every phase's seconds, then its bytes."""
+        return np.asarray([self.seconds[n] for n in self.names] +
+                          [self.bytes[n] for n in self.names], dtype=np.float64)
+
+    def record(self, table: np.ndarray) -> dict[str, dict[str, list]]:
+        """metrics.jsonl's ``phases`` from the gathered rows [ranks, 2 * phases]."""
+        count = len(self.names)
+        return {name: {"seconds": table[:, k].tolist(),
+                       "bytes": [int(v) for v in table[:, count + k]]}
+                for k, name in enumerate(self.names)}
+
+
 @dataclass
 class BestScore:
     val: float = -1.0
@@ -213,11 +289,16 @@ class BestScore:
 class RunClock:
     """What the run's summary says (the server's view): wall time since set-up began, the
     training and evaluation time of the epochs this process ran, bytes and peak memory per
-    rank. A resumed run continues its checkpoint's record: ``earlier`` holds the figures of
-    the parts before (each up to the checkpoint the next one continued from), so the totals of
-    ``summary`` (final.json) cover the whole run and ``parts`` says them apart."""
+    rank, and when the validation micro-F1 first reached ``--target-val-f1``. A resumed run
+    continues its checkpoint's record: ``earlier`` holds the figures of the parts before (each
+    up to the checkpoint the next one continued from), so the totals of ``summary``
+    (final.json) cover the whole run and ``parts`` says them apart.
 
-    def __init__(self) -> None:
+    Time to accuracy counts two clocks, both of the server: ``elapsed`` = the training and
+    evaluation seconds of every epoch so far (set-up, logging and checkpoints left out), and
+    ``wall`` = seconds since the process started (set-up included), each over every part."""
+
+    def __init__(self, target_val_f1: float = 0.0) -> None:
         self.started = time.perf_counter()
         self.epochs = self.evaluations = 0
         self.train_seconds = self.eval_seconds = 0.0
@@ -225,6 +306,25 @@ class RunClock:
         self.peak_rss_mb: np.ndarray | None = None
         self.earlier: list[dict[str, Any]] = []  # the parts before a resume (its checkpoint's)
         self.first_epoch = 1  # of this part
+        self.target_val_f1 = target_val_f1
+        # (epoch, elapsed, wall) of the first evaluation at or above the target; None: not yet
+        self.reached: tuple[int, float, float] | None = None
+
+    @property
+    def elapsed(self) -> float:
+        """Training and evaluation seconds of every epoch of the run so far, all parts."""
+        return (sum(p["train_seconds"] + p["eval_seconds"] for p in self.earlier)
+                + self.train_seconds + self.eval_seconds)
+
+    @property
+    def wall(self) -> float:
+        """Seconds since the run's first process started, all parts (set-up included)."""
+        return sum(p["wall_seconds"] for p in self.earlier) + time.perf_counter() - self.started
+
+    def check_target(self, epoch: int, val_micro_f1: float) -> None:
+        """Note the first epoch whose evaluation reaches the target (after add_epoch)."""
+        if self.target_val_f1 > 0 and self.reached is None and val_micro_f1 >= self.target_val_f1:
+            self.reached = (epoch, self.elapsed, self.wall)
 
     def add_epoch(self, train_seconds: float, eval_seconds: float, evaluated: bool,
                   table: np.ndarray) -> None:
@@ -251,11 +351,14 @@ class RunClock:
 
     def record(self, last_epoch: int, identity: dict[str, Any]) -> dict[str, Any]:
         """What a checkpoint carries, so that a resume adds to it: every part so far."""
-        return {"parts": self.earlier + [self.part(last_epoch, identity)]}
+        return {"parts": self.earlier + [self.part(last_epoch, identity)],
+                "reached": self.reached}
 
     def resume_from(self, record: dict[str, Any] | None, epoch: int) -> None:
         self.earlier = list((record or {}).get("parts", []))
         self.first_epoch = epoch + 1
+        reached = (record or {}).get("reached")
+        self.reached = tuple(reached) if reached else None
 
     def summary(self, last_epoch: int, identity: dict[str, Any]) -> dict[str, Any]:
         parts = self.record(last_epoch, identity)["parts"]
@@ -265,7 +368,10 @@ class RunClock:
                  if p["bytes_per_rank"]]
         peaks = [np.asarray(p["peak_rss_mb_per_rank"]) for p in parts
                  if p["peak_rss_mb_per_rank"]]
+        epoch, elapsed, wall = self.reached if self.reached else (None, None, None)
         return {"wall_seconds": sum(p["wall_seconds"] for p in parts),
+                "target_val_micro_f1": self.target_val_f1 or None, "target_epoch": epoch,
+                "seconds_to_target": elapsed, "wall_seconds_to_target": wall,
                 "epochs_run": epochs, "evaluations": sum(p["evaluations"] for p in parts),
                 "train_seconds": train, "mean_train_epoch_seconds": train / max(1, epochs),
                 "eval_seconds": sum(p["eval_seconds"] for p in parts),
@@ -298,7 +404,8 @@ class Trainer:
         self.state = TrainerState()
         self.position = "before the first epoch"  # for a failure message ("in epoch 3 of 200, ...")
         self.checkpoint_epoch = 0  # epoch of the last checkpoint saved or loaded (0: none)
-        self.clock = RunClock()
+        self.clock = RunClock(method.config.target_val_f1)
+        self.longest_epoch_seconds = 0.0  # on this rank, all included: the watchdog's measure
 
     @property
     def config(self) -> TrainConfig:
@@ -311,14 +418,27 @@ class Trainer:
     def train_step(self) -> float:
         return self.method.train_step()
 
+    @property
+    def phases(self) -> PhaseMeter | None:
+        """The method's phase meter, if it measures phases (``PhaseMeter``)."""
+        return getattr(self.method, "phases", None)
+
+    def evaluated_nodes(self) -> tuple[torch.Tensor, dict[str, np.ndarray], np.ndarray]:
+        """Labels, split masks and global ids of the rows of the method's ``full_logits``: this
+        rank's own nodes, unless the method predicts other rows (its ``evaluated_nodes``:
+        LLCG's server predicts the whole graph it holds, its clients nothing)."""
+        nodes = getattr(self.method, "evaluated_nodes", None)
+        return nodes if nodes is not None else (self.setup.y, self.setup.masks,
+                                                self.graph.global_id)
+
     # -- evaluation -----------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float] | None:
         """Micro-F1 per split (= accuracy for single-label classes) of the method's logits,
         counted at the server. Returns the scores on the server, None elsewhere."""
         logits = self.method.full_logits()
-        correct = (logits.argmax(dim=1) == self.setup.y).cpu().numpy()
-        counts = np.asarray([correct[self.setup.masks[s]].sum() for s in SPLITS],
-                            dtype=np.float64)
+        y, masks, _ = self.evaluated_nodes()
+        correct = (logits.argmax(dim=1) == y).cpu().numpy()
+        counts = np.asarray([correct[masks[s]].sum() for s in SPLITS], dtype=np.float64)
         totals = self.comm.sum_to_server(torch.from_numpy(counts))
         if totals is None:
             return None
@@ -331,6 +451,8 @@ class Trainer:
         steps = config.steps_per_epoch
         for epoch in range(self.state.epoch + 1, config.epochs + 1):
             self.comm.reset_counters()
+            if self.phases is not None:
+                self.phases.reset()
             start = time.perf_counter()
             losses = []
             where = f"in epoch {epoch} of {config.epochs}"
@@ -351,25 +473,35 @@ class Trainer:
                                 self.comm.bytes_sent, self.comm.bytes_received, peak_rss_mb(),
                                 self.comm.exchange_bytes_sent, self.comm.exchange_bytes_received,
                                 peak_gpu_mb(self.setup.device)])
+            if self.phases is not None:
+                stats = np.concatenate([stats, self.phases.row()])
             counters = self.comm.extra_counters()
             table = self.comm.gather_rows(torch.from_numpy(stats))
             self.state.epoch = epoch
             if self.comm.is_server:
-                self._record_epoch(epoch, float(np.mean(losses)), scores, table.numpy(),
-                                   counters)
                 self.clock.add_epoch(train_seconds, epoch_seconds - train_seconds,
                                      scores is not None, table.numpy())
+                self._record_epoch(epoch, float(np.mean(losses)), scores, table.numpy(),
+                                   counters)
             if config.checkpoint_every and epoch % config.checkpoint_every == 0:
                 self.position = f"while writing the checkpoint of epoch {epoch}"
                 self.save_checkpoint()
+            self.longest_epoch_seconds = max(self.longest_epoch_seconds,
+                                             time.perf_counter() - start)
         self.position = "while writing the final outputs"
         return self.finish()
 
     def _record_epoch(self, epoch: int, loss: float, scores: dict[str, float] | None,
                       table: np.ndarray, counters: dict[str, int]) -> None:
-        record: dict[str, Any] = {"epoch": epoch, "loss": loss, **counters}
+        record: dict[str, Any] = {"epoch": epoch, "loss": loss, **counters,
+                                  # the server's clocks through this epoch (RunClock)
+                                  "elapsed_seconds": self.clock.elapsed,
+                                  "wall_seconds": self.clock.wall}
+        if self.clock.epochs == 1:  # this process's first epoch: its method's set-up phases
+            record.update(getattr(self.method, "setup_record", None) or {})
         if scores is not None:
             record.update(scores)
+            self.clock.check_target(epoch, scores["val_micro_f1"])
             if scores["val_micro_f1"] > self.state.best.val:
                 self.state.best = BestScore(scores["val_micro_f1"], scores["test_micro_f1"], epoch,
                                             scores["train_micro_f1"])
@@ -388,6 +520,8 @@ class Trainer:
                        "peak_rss_mb": per_rank["peak_rss_mb"]})
         if self.setup.device.type == "cuda":  # torch.cuda.max_memory_allocated per rank
             record["peak_gpu_mb"] = per_rank["peak_gpu_mb"]
+        if self.phases is not None:
+            record["phases"] = self.phases.record(table[:, len(RANK_STATS):])
         assert self.run_dir is not None
         self.run_dir.append_metrics(record)
         if epoch % self.config.log_every == 0 or epoch == self.config.epochs:
@@ -404,9 +538,12 @@ class Trainer:
         if self.config.save_logits:
             logits_local = self.method.full_logits().cpu()
         parts = self.comm.gatherv_rows(logits_local) if logits_local is not None else None
-        ids = (self.comm.gatherv_rows(torch.from_numpy(self.graph.global_id[:, None]
+        ids = (self.comm.gatherv_rows(torch.from_numpy(self.evaluated_nodes()[2][:, None]
                                                        .astype(np.int64)))
                if logits_local is not None else None)
+        # what a method reports of each rank (its tensors' bytes by kind: mpifgl.tensor_memory)
+        reports = (self.comm.gather_objects(self.method.rank_report())
+                   if hasattr(self.method, "rank_report") else None)
         if not self.comm.is_server:
             return None
         assert self.run_dir is not None
@@ -421,7 +558,10 @@ class Trainer:
         final = {"test_micro_f1": best.test, "best_val_micro_f1": best.val,
                  "best_train_micro_f1": best.train, "best_epoch": best.epoch,
                  "epochs": self.config.epochs, **self.run_info,
-                 **self.clock.summary(self.state.epoch, self._identity())}
+                 **self.clock.summary(self.state.epoch, self._identity()),
+                 **(getattr(self.method, "setup_record", None) or {})}
+        if reports is not None:
+            final["rank_reports"] = reports
         self.run_dir.write_json("final.json", final)
         return final
 

@@ -15,8 +15,8 @@ from study.catalog import SECTIONS
 
 @dataclass(frozen=True)
 class StudyConfig:
-    """Every knob of the plan. The defaults are the paper's protocol at the size that fits
-    90 minutes on a 2-core machine (docs/experiments.md): one seed; pass --seeds 0,1,2 on a
+    """Every knob of the plan. The defaults are the paper's protocol at the size that fits the
+    time budget of a 2-core machine (docs/experiments.md): one seed; pass --seeds 0,1,2 on a
     bigger machine."""
 
     datasets: tuple[str, ...]
@@ -30,12 +30,12 @@ class StudyConfig:
     # data, below which they stop short of their accuracy (docs/experiments.md).
     equal_steps: bool = True
     min_minibatch_epochs: int = 40
-    figure_datasets: tuple[str, ...] = ("cora",)  # figures 3-6 and table 4: smallest graph
+    figure_datasets: tuple[str, ...] = ("cora",)  # figures 3-6 and table 3: smallest graph
     figure_seeds: tuple[int, ...] = (0,)
     figure_epochs: int = 200  # = epochs: the 8-client runs are shared with Table 2
     client_counts: tuple[int, ...] = (4, 8, 16, 32)  # figure 3 (the paper's)
     main_clients: int = 8  # Table 2: the paper's 8 clients
-    overhead_clients: tuple[int, ...] = (4, 8)  # table 4 (the paper's)
+    overhead_clients: tuple[int, ...] = (4, 8)  # table 3 (the paper's)
     ablation_datasets: tuple[str, ...] = ("cora",)  # table 5; empty: all --datasets
     step_lengths: tuple[int, ...] = (1, 2, 4, 8)  # figure 5: steps per epoch
     fig5_nodes_fraction: float = 1.0  # figure 5: nodes drawn per epoch, as a fraction of n
@@ -108,8 +108,9 @@ class StudyArgs:
     epochs: int | None = option(None, "epochs of Table 2/5 runs (default 200, the paper's; "
                                       "quick: 2)")
     figure_epochs: int | None = option(None, "epochs of the figure runs (default 200; quick: 2)")
-    figure_datasets: tuple[str, ...] | None = option(None, "datasets of figures 3-6 and table 4 (default: "
-                                               "cora, else the first of --datasets)")
+    figure_datasets: tuple[str, ...] | None = option(None, "datasets of figures 3-6 and table 3 "
+                                                           "(default: cora, else the first of "
+                                                           "--datasets)")
     ablation_datasets: tuple[str, ...] | None = option(None, "datasets of table 5 (default: cora)")
     clients: tuple[int, ...] | None = option(None, "figure 3 client counts (default 4,8,16,32, "
                                                    "the paper's)")

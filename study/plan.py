@@ -128,6 +128,12 @@ def method_epochs(config: StudyConfig, method: str, dataset: str, epochs: int,
                              config.min_minibatch_epochs)
 
 
+def lr_for(dataset: str, method: str, lr_of: Callable[[str, str], float]) -> float:
+    """The lr of ``method``'s runs: its own (the catalog's), else the study's (``lr_of``)."""
+    own = METHODS[method].lr
+    return own if own is not None else lr_of(dataset, method)
+
+
 def build_plan(config: StudyConfig, lr_of: Callable[[str, str], float],
                num_nodes: Callable[[str], int],
                num_train: Callable[[str], int] | None = None) -> Plan:
@@ -139,7 +145,7 @@ def build_plan(config: StudyConfig, lr_of: Callable[[str, str], float],
              partition: str = "random", **extra) -> RunSpec:
         return RunSpec(dataset, method, clients, partition, seed,
                        method_epochs(config, method, dataset, epochs, num_nodes, num_train),
-                       lr_of(dataset, method), timeout=config.timeout, **extra)
+                       lr_for(dataset, method, lr_of), timeout=config.timeout, **extra)
 
     def with_bias(run: PlannedRun, section: str, epochs: int) -> None:
         """Attach the centralized reference (same seed) and two noise references: another seed
@@ -185,10 +191,10 @@ def build_plan(config: StudyConfig, lr_of: Callable[[str, str], float],
                         run = plan.add(spec(dataset, method, config.main_clients, seed, e,
                                             partition), "fig4")
                         with_bias(run, "fig4", e)
-            if "table4" in sections:
+            if "table3" in sections:
                 for clients in config.overhead_clients:
-                    for method in methods_of("table4"):
-                        plan.add(spec(dataset, method, clients, seed, e), "table4")
+                    for method in methods_of("table3"):
+                        plan.add(spec(dataset, method, clients, seed, e), "table3")
             if "fig6" in sections:
                 for method in methods_of("fig6"):
                     plan.add(spec(dataset, method, config.main_clients, seed, e), "fig6")
@@ -221,7 +227,8 @@ def lr_search_plan(config: StudyConfig, num_nodes: Callable[[str], int] | None =
     return [RunSpec(d, m, config.main_clients, "random", config.seeds[0],
                     method_epochs(config, m, d, config.epochs_for(d), num_nodes, num_train), lr,
                     timeout=config.timeout)
-            for d in config.datasets for m in methods for lr in LR_GRID]
+            for d in config.datasets for m in methods if METHODS[m].lr is None
+            for lr in LR_GRID]
 
 
 # -- cost model (for the plan's ETA before any run has finished) ---------------------------------

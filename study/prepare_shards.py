@@ -23,7 +23,8 @@ PARTITION_SEED = 0
 class ShardRequest:
     dataset: str = option(None, "dataset name (data_prep's --dataset)", required=True)
     num_clients: int = option(None, "clients = shards", required=True)
-    partition: str = option("random", "random | label-skew | metis (data_prep's --partition)")
+    partition: str = option("random", "random | label-skew | metis | dirichlet | louvain | "
+                                      "file:PATH (data_prep's --partition)")
     out: Path = option(None, "shard directory, reused when it holds these shards",
                        required=True)
     data_root: str | None = option(None, "raw datasets directory (data_prep's --data-root)")

@@ -28,18 +28,25 @@ from study.rundir import read_json, read_metrics
 # -- the paper's numbers (PubMed, 8 clients, random partition; Table 2 / 4 / 5, section 4) -------
 PAPER_TABLE2_PUBMED = {"ours": 89.90, "ours-1gnn": 90.70, "centralized": 87.80,
                        "centralized-1gnn": 90.50, "graphsage": 90.10, "graphsaint": 89.20,
-                       "fedavg": 87.70, "fedavg-nc": None, "bns": 90.20}
+                       "fedavg": 87.70, "fedavg-nc": None, "bns": 90.20, "cagnet": 88.20,
+                       "llcg": 89.20,
+                       "fedsage-plus": 89.05}  # FedSAGE+: OOM on Reddit and ogbn-products
 PAPER_TABLE2_OTHERS = {"ours": (95.54, 79.15), "ours-1gnn": (96.12, 76.28),
                        "centralized": (93.30, 75.64), "graphsage": (95.40, 78.50),
                        "graphsaint": (96.60, 79.08), "fedavg": (91.86, 71.51),
-                       "bns": (96.30, 78.66)}  # Reddit, ogbn-products
+                       "bns": (96.30, 78.66), "cagnet": (94.13, 75.36),
+                       "llcg": (96.47, 74.00)}  # Reddit, products
 PAPER_TABLE5_PUBMED = {"ours-full": 87.60, "ours-star": 89.70, "ours": 90.10}
 PAPER_CROSS_EDGES = {4: 74.86, 8: 87.33, 16: 93.56, 32: 96.68}  # Figure 3, percent
-# Table 4, PubMed: (training seconds per epoch, memory MB per client); CAGNET is the full-batch
-# distributed GCN, whose role ours-full plays here.
-PAPER_TABLE4_PUBMED = {("ours-full", 4): (0.3063, 20.20), ("fedavg", 4): (0.0937, 10.65),
-                       ("ours", 4): (0.0526, 3.50), ("ours-full", 8): (0.4078, 10.10),
+# Table 3 (tab:time cost), PubMed: (training seconds per epoch, memory MB per client); the
+# paper's CAGNET is its 1.5D algorithm.
+PAPER_TABLE3_PUBMED = {("cagnet", 4): (0.3063, 20.20), ("fedavg", 4): (0.0937, 10.65),
+                       ("ours", 4): (0.0526, 3.50), ("cagnet", 8): (0.4078, 10.10),
                        ("fedavg", 8): (0.0994, 5.46), ("ours", 8): (0.1701, 1.75)}
+# Section names of older plans (the time-cost table was once called table 4).
+LEGACY_SECTIONS = {"table4": "table3"}
+# Time to accuracy: the target is the centralized run's best validation micro-F1 less this.
+TARGET_MARGIN = 0.01
 # Table 5's columns: (sampling, 1/p normalisation) of each ablation method.
 ABLATION_COLUMNS = {"ours-full": ("no", "no"), "ours-star": ("yes", "no"), "ours": ("yes", "yes")}
 
@@ -70,6 +77,10 @@ class RunRow:
     client_mb_per_epoch: float = math.nan  # bytes sent + received per client per epoch, mean
     server_mb_per_epoch: float = math.nan
     client_peak_rss_mb: float = math.nan  # max over clients (process RSS, libraries included)
+    client_tensor_mb: float = math.nan  # mean over clients of final.json's tensor bytes
+    target_val_f1: float = math.nan  # the dataset's centralized best val - TARGET_MARGIN
+    epoch_to_target: float = math.nan  # first epoch whose val micro-F1 reached it
+    seconds_to_target: float = math.nan  # training + evaluation seconds to that epoch
     local_bias: float = math.nan
     noise_floor: float = math.nan  # reference vs centralized with another seed
     same_init_floor: float = math.nan  # reference vs centralized, same initial weights
@@ -96,6 +107,44 @@ def summarize_metrics(records: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def client_tensor_mb(final: dict[str, Any]) -> float:
+    """Mean over the client ranks of the bytes their tensors take (final.json's
+    ``rank_reports``, by kind: mpifgl.tensor_memory), MB; nan where the run has none."""
+    reports = final.get("rank_reports") or []
+    clients = reports[1:] if len(reports) > 1 else reports
+    totals = [sum(r["tensor_bytes"].values()) for r in clients if r.get("tensor_bytes")]
+    return float(np.mean(totals)) / 2 ** 20 if totals else math.nan
+
+
+def time_to_target(records: list[dict[str, Any]], target: float) -> tuple[int, float] | None:
+    """(epoch, seconds) of the first evaluation whose validation micro-F1 reached ``target``;
+    seconds: the run's ``elapsed_seconds`` then (training and evaluation since training
+    began), or the sum of ``epoch_seconds`` for runs that predate it. None: never reached."""
+    total = 0.0
+    for record in records:
+        total += record.get("epoch_seconds", 0.0)
+        if record.get("val_micro_f1", -1.0) >= target:
+            return int(record["epoch"]), float(record.get("elapsed_seconds", total))
+    return None
+
+
+def attach_time_to_target(rows: list[RunRow], root: Path) -> None:
+    """Every finished run's time to its dataset and partition's target: the mean best
+    validation micro-F1 of the study's centralized runs there, less TARGET_MARGIN."""
+    best: dict[tuple[str, str], list[float]] = {}
+    for row in rows:
+        if row.method == REFERENCE_METHOD and not row.tag and row.status == "done":
+            best.setdefault((row.dataset, row.partition), []).append(row.best_val_f1)
+    for row in rows:
+        scores = best.get((row.dataset, row.partition))
+        if row.status != "done" or not scores:
+            continue
+        row.target_val_f1 = float(np.mean(scores)) - TARGET_MARGIN
+        reached = time_to_target(read_metrics(root / "runs" / row.key), row.target_val_f1)
+        if reached is not None:
+            row.epoch_to_target, row.seconds_to_target = reached
+
+
 def convergence_curve(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
     """(cumulative training wall seconds, test micro-F1) per evaluated epoch."""
     records = read_metrics(run_dir)
@@ -110,7 +159,8 @@ def collect_rows(root: Path, plan: dict[str, Any]) -> list[RunRow]:
     unavailable = plan.get("unavailable", {})
     for entry in plan["runs"]:
         run_dir = root / "runs" / entry["key"]
-        row = RunRow(entry["key"], "+".join(entry["sections"]), entry["dataset"], entry["method"],
+        sections = [LEGACY_SECTIONS.get(name, name) for name in entry["sections"]]
+        row = RunRow(entry["key"], "+".join(sections), entry["dataset"], entry["method"],
                      entry["partition"], entry["num_clients"], entry["seed"], entry["epochs"],
                      entry["lr"], entry.get("tag", ""), "missing")
         final = read_json(run_dir / "final.json")
@@ -123,6 +173,7 @@ def collect_rows(root: Path, plan: dict[str, Any]) -> list[RunRow]:
             row.best_epoch = int(final.get("best_epoch", 0))
             for name, value in summarize_metrics(read_metrics(run_dir)).items():
                 setattr(row, name, value)
+            row.client_tensor_mb = client_tensor_mb(final)
             driver = read_json(run_dir / "driver.json") or {}
             row.wall_seconds = float(driver.get("wall_seconds", math.nan))
         elif failed is not None:
@@ -140,6 +191,7 @@ def collect_rows(root: Path, plan: dict[str, Any]) -> list[RunRow]:
         if row.status == "done" and entry.get("reference"):
             _attach_bias(row, root, entry, manifest, bias_cache)
         rows.append(row)
+    attach_time_to_target(rows, root)
     return rows
 
 
@@ -208,7 +260,11 @@ def write_csv(path: Path, header: list[str], lines: list[list[Any]]) -> None:
 
 # -- sections -----------------------------------------------------------------------------------
 def table2(rows: list[RunRow], out: Path, datasets: list[str], methods: list[str]) -> list[str]:
-    header = ["method", *datasets, "paper PubMed", "paper Reddit", "paper products"]
+    """Test micro-F1 per method and dataset, each dataset followed by the time to target: the
+    mean seconds (training and evaluation) to the first epoch whose validation micro-F1 reached
+    the centralized run's best less TARGET_MARGIN, over the seeds that reached it."""
+    header = ["method"] + [c for d in datasets for c in (d, f"{d}: s to target")] + \
+        ["paper PubMed", "paper Reddit", "paper products"]
     md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines = []
     for method in methods:
@@ -218,17 +274,34 @@ def table2(rows: list[RunRow], out: Path, datasets: list[str], methods: list[str
             mean, std, n = mean_std([r.test_f1 for r in runs])
             note = status_note(runs)
             cells.append(fmt(mean, std, n) if n else (note.split(" (")[0] or "-"))
-            csv_cells += [mean, std, n]
+            cells.append(target_cell(runs))
+            seconds, _, reached = mean_std([r.seconds_to_target for r in runs])
+            csv_cells += [mean, std, n, seconds, reached]
         others = PAPER_TABLE2_OTHERS.get(method, (None, None))
         paper = [PAPER_TABLE2_PUBMED.get(method), *others]
         md.append(f"| {label_of(method)} | " + " | ".join(cells) + " | " +
                   " | ".join("-" if p is None else f"{p:.2f}" for p in paper) + " |")
         lines.append([method, *csv_cells, *paper])
     write_csv(out / "table2.csv",
-              ["method", *[f"{d}_{s}" for d in datasets for s in ("mean", "std", "n")],
+              ["method", *[f"{d}_{s}" for d in datasets for s in
+                           ("mean", "std", "n", "seconds_to_target", "n_reached_target")],
                "paper_pubmed", "paper_reddit", "paper_products"], lines)
     return md
 
+
+def target_cell(runs: list[RunRow]) -> str:
+    """'12.3 (e 40)': mean seconds and epoch to target over the runs that reached it, with
+    how many did when not all; 'not reached' or '-' (no target: no centralized run)."""
+    done = [r for r in runs if r.status == "done" and not math.isnan(r.target_val_f1)]
+    reached = [r for r in done if not math.isnan(r.seconds_to_target)]
+    if not done:
+        return "-"
+    if not reached:
+        return "not reached"
+    seconds = float(np.mean([r.seconds_to_target for r in reached]))
+    epoch = float(np.mean([r.epoch_to_target for r in reached]))
+    share = "" if len(reached) == len(done) else f", {len(reached)} of {len(done)}"
+    return f"{seconds:.2f} (e {epoch:.0f}{share})"
 
 
 def save_figure(fig, plt, out: Path, name: str, caption: str) -> list[str]:
@@ -344,23 +417,23 @@ def figure4(rows: list[RunRow], root: Path, out: Path, plt) -> list[str]:
     return md + save_figure(fig, plt, out, "fig4", "Figure 4")
 
 
-def table4(rows: list[RunRow], out: Path) -> list[str]:
-    runs = select(rows, "table4")
+def table3(rows: list[RunRow], out: Path) -> list[str]:
+    runs = select(rows, "table3")
     if not runs:
         return ["(not run)"]
     md = ["| method | clients | epoch s | compute s | comm s | MB / client / epoch | "
-          "MB server / epoch | peak RSS / client MB | paper PubMed s, MB |",
-          "|---|---|---|---|---|---|---|---|---|"]
+          "MB server / epoch | tensors / client MB | peak RSS / client MB | "
+          "paper PubMed s, MB |", "|---|---|---|---|---|---|---|---|---|---|"]
     lines = []
-    for method in methods_of("table4"):
+    for method in methods_of("table3"):
         for clients in sorted({r.num_clients for r in runs}):
             mine = [r for r in runs if r.method == method and r.num_clients == clients]
             if not mine:
                 continue
             values = [mean_std([getattr(r, name) for r in mine])[0] for name in
                       ("epoch_seconds", "compute_seconds", "comm_seconds", "client_mb_per_epoch",
-                       "server_mb_per_epoch", "client_peak_rss_mb")]
-            paper = PAPER_TABLE4_PUBMED.get((method, clients))
+                       "server_mb_per_epoch", "client_tensor_mb", "client_peak_rss_mb")]
+            paper = PAPER_TABLE3_PUBMED.get((method, clients))
             note = status_note(mine)
             cells = [f"{v:.4f}" if not math.isnan(v) else "-" for v in values[:3]] + \
                     [f"{v:.2f}" if not math.isnan(v) else "-" for v in values[3:]]
@@ -369,9 +442,9 @@ def table4(rows: list[RunRow], out: Path) -> list[str]:
             md.append(f"| {label_of(method)} | {clients} | " + " | ".join(cells) +
                       f" | {f'{paper[0]}, {paper[1]}' if paper else '-'} |")
             lines.append([method, clients, *values])
-    write_csv(out / "table4.csv", ["method", "clients", "epoch_seconds", "compute_seconds",
+    write_csv(out / "table3.csv", ["method", "clients", "epoch_seconds", "compute_seconds",
                                    "comm_seconds", "client_mb_per_epoch", "server_mb_per_epoch",
-                                   "client_peak_rss_mb"], lines)
+                                   "client_tensor_mb", "client_peak_rss_mb"], lines)
     return md
 
 
@@ -464,17 +537,17 @@ def plan_section(plan: dict[str, Any], rows: list[RunRow]) -> list[str]:
          "others (mini-batch steps per epoch): " + ", ".join(minibatch) + "."
          if config.get("equal_steps", False) and minibatch else
          "- GraphSAGE / GraphSAINT run the same epochs as the others."),
-        f"- figures 3-6 and table 4 on {', '.join(config.get('figure_datasets', []))} with seeds "
+        f"- figures 3-6 and table 3 on {', '.join(config.get('figure_datasets', []))} with seeds "
         f"{config.get('figure_seeds')}, {config.get('figure_epochs')} epochs; figure 3 clients "
-        f"{config.get('client_counts')}; table 4 clients {config.get('overhead_clients')}; "
+        f"{config.get('client_counts')}; table 3 clients {config.get('overhead_clients')}; "
         f"figure 5: steps {config.get('step_lengths')} x sample size = "
         f"{config.get('fig5_nodes_fraction')} n / steps, {config.get('fig5_epochs')} epochs.",
-        f"- Table 2 / Figure 3 / Figure 4 / Table 4 use 8 clients unless stated, random "
-        f"partition with partition seed 0; the training seed varies. Every run writes its "
-        f"logits; local bias is measured against the centralized GCN with the same seed, the "
-        f"noise floors are centralized seed s vs seed s+1 (other initial weights and dropout) "
-        f"and vs seed s+1 with --init-seed s (same initial weights as the reference and as "
-        f"every distributed run of seed s; dropout differs): the like-for-like floor.",
+        "- Table 2 / Figure 3 / Figure 4 / Table 3 use 8 clients unless stated, random "
+        "partition with partition seed 0; the training seed varies. Every run writes its "
+        "logits; local bias is measured against the centralized GCN with the same seed, the "
+        "noise floors are centralized seed s vs seed s+1 (other initial weights and dropout) "
+        "and vs seed s+1 with --init-seed s (same initial weights as the reference and as "
+        "every distributed run of seed s; dropout differs): the like-for-like floor.",
         f"- runs planned: {len(rows)} ({', '.join(f'{k}: {v}' for k, v in sorted(counts.items()))});"
         f" estimated by the cost model {plan.get('estimated_seconds', 0) / 60:.1f} min; "
         f"measured: {run_seconds / 60:.1f} min in training subprocesses, "
@@ -515,19 +588,25 @@ def write_report(root: Path) -> Path:
           "validation epoch, mean ± std over seeds.", "", "## Plan", "",
           *plan_section(plan, rows), "",
           "## Table 2: test micro-F1, 8 clients, random partition", "",
-          *table2(rows, root, datasets, list(methods_of("table2"))), "",
+          "Beside each dataset, the time to target: seconds of training and evaluation (the "
+          "server's clock) to the first epoch whose validation micro-F1 reached the study's "
+          f"centralized GCN's best validation micro-F1 less {TARGET_MARGIN * 100:g} point on "
+          "that dataset and partition (mean over the seeds that reached it; e = that epoch).",
+          "", *table2(rows, root, datasets, list(methods_of("table2"))), "",
           "## Figure 3: clients vs F1 and local bias (random partitions)", "",
           *figure3(rows, root, plt), "",
           "## Figure 4: iid (random) vs non-iid (label-skew), 8 clients", "",
           *figure4(rows, root, root, plt), "",
-          "## Table 4: per-epoch training cost per client", "",
+          "## Table 3: per-epoch training cost per client", "",
           "Seconds are training time per epoch (evaluation excluded from compute/comm; `epoch s` "
           "includes the full-graph evaluation), max over ranks, mean over epochs after the "
           "first. MB = bytes sent + received by one client rank per epoch (training and "
-          "evaluation exchanges). Peak RSS is the whole client process (Python, torch and MPI "
-          "included), so it is dominated by a ~300 MB constant; the paper counts tensors only. "
-          "ours-full plays CAGNET's role (full-batch distributed GCN).", "",
-          *table4(rows, root), "",
+          "evaluation exchanges). Tensors = what a client's tensors take (features, adjacency, "
+          "autograd's saved activations, buffers, parameters: final.json's rank_reports), as "
+          "the paper counts memory; peak RSS is the whole client process (Python, torch and "
+          "MPI included), dominated by a ~300 MB constant. CAGNET is the paper's 1.5D "
+          "algorithm (replication 2) beside its 1D one, with our GCN layer.", "",
+          *table3(rows, root), "",
           "## Table 5: ablation", "", *table5(rows, root, datasets), "",
           "## Figure 5: step length vs compute / communication (8 clients)", "",
           *figure5(rows, root, plt), "",
@@ -536,7 +615,7 @@ def write_report(root: Path) -> Path:
     bad = [r for r in rows if r.status not in ("done",)]
     md += ([f"- `{r.key}`: {r.status} {r.message[:200]}" for r in bad] or ["none"])
     md += ["", "All runs: `runs.csv`; per-section data: `table2.csv`, `fig3.csv`, `fig4.csv`, "
-           "`table4.csv`, `table5.csv`, `fig5.csv`."]
+           "`table3.csv`, `table5.csv`, `fig5.csv`."]
     path = root / "report.md"
     path.write_text("\n".join(md) + "\n")
     return path

@@ -3,13 +3,15 @@
 Tiers by folder: tests/unit (plain pytest, no subprocess), tests/mpi (real mpirun, marker
 ``mpi``), tests/e2e (programs run end to end, marker ``e2e``), tests/slurm (the job scripts and a
 private SLURM, marker ``slurm``), tests/gpu (CUDA, marker ``gpu``; skipped with the reason where
-torch sees no GPU). A test outside those folders that starts a subprocess needs one
+torch sees no GPU), tests/multinode (mpirun and SLURM over namespace hosts, marker ``multinode``;
+skipped with the reason where network namespaces cannot be made). A test outside those folders that starts a subprocess needs one
 of the markers itself; without it, ``subprocess.Popen`` and ``os.system`` raise.
 """
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -22,9 +24,9 @@ from tests.helpers.graphs import Graph, random_graph, random_parts, write_shards
 from tests.helpers.tiny_fs import mount_tmpfs, unmount
 
 TESTS = Path(__file__).resolve().parent
-SUBPROCESS_MARKERS = ("mpi", "e2e", "slurm", "gpu")
+SUBPROCESS_MARKERS = ("mpi", "e2e", "slurm", "gpu", "multinode")
 MARKER_OF_FOLDER = {TESTS / "mpi": "mpi", TESTS / "e2e": "e2e", TESTS / "slurm": "slurm",
-                    TESTS / "gpu": "gpu"}
+                    TESTS / "gpu": "gpu", TESTS / "multinode": "multinode"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
@@ -39,7 +41,7 @@ def pytest_collection_modifyitems(config, items):
                if any(item.get_closest_marker(m) for m in SUBPROCESS_MARKERS)
                and item.get_closest_marker("timeout") is None]
     if untimed:
-        raise pytest.UsageError("these mpi/e2e/slurm tests need @pytest.mark.timeout(seconds): "
+        raise pytest.UsageError("these mpi/e2e/slurm/gpu/multinode tests need @pytest.mark.timeout(seconds): "
                                 + ", ".join(untimed))
 
 
@@ -59,7 +61,7 @@ def no_subprocess_in_unmarked_tests(request, monkeypatch):
         raise UnmarkedSubprocess(
             f"{request.node.nodeid} starts a subprocess ({command!r}) but has none of the "
             f"markers {', '.join(SUBPROCESS_MARKERS)}: mark it (or move it to tests/mpi, "
-            f"tests/e2e or tests/slurm) with a pytest.mark.timeout")
+            f"tests/e2e, tests/slurm or tests/multinode) with a pytest.mark.timeout")
 
     monkeypatch.setattr(subprocess, "Popen", refuse)
     monkeypatch.setattr(os, "system", refuse)
@@ -155,3 +157,20 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def program(monkeypatch, capsys):
+    """``python -m mpifgl.train ARGS`` in this process: (exit status, its stderr lines). The
+    signal handlers it installs are put back afterwards."""
+    from mpifgl import train
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def run(*argv) -> tuple[int, list[str]]:
+        capsys.readouterr()
+        status = train.main([str(a) for a in argv])
+        return status, capsys.readouterr().err.strip().splitlines()
+
+    yield run
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)

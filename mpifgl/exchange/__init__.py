@@ -35,14 +35,24 @@ if TYPE_CHECKING:
     from mpifgl.secure import SecureSession
     from mpifgl.communicator import Communicator
 
-__all__ = ["CrossClientSums", "Exchange", "Routing", "Slot", "build_exchange", "chunk_bounds"]
+__all__ = ["CrossClientSums", "Exchange", "Routing", "Slot", "WIRE_TYPES", "build_exchange",
+           "chunk_bounds"]
+
+# --wire-dtype's 16-bit choices ("same" is absent: the run's own dtype)
+WIRE_TYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def build_exchange(comm: "Communicator", mode: str, buffer_bytes: int, max_width: int,
-                   dtype: torch.dtype, masking: "SecureSession | None" = None):
-    """This rank's exchange of ``--exchange mode``, masked when a session is given."""
+                   dtype: torch.dtype, masking: "SecureSession | None" = None,
+                   wire_dtype: torch.dtype | None = None):
+    """This rank's exchange of ``--exchange mode``, masked when a session is given; its values
+    on the wire in ``wire_dtype`` (default ``dtype``; another only where the server, not MPI,
+    sums: ``Entry.narrow_wire``)."""
     entry = lookup(EXCHANGES, "exchange", mode)
-    exchange = entry.load()(comm, buffer_bytes, max_width, dtype)
+    if wire_dtype not in (None, dtype) and not entry.narrow_wire:
+        raise ValueError(f"--wire-dtype with --exchange {mode!r}: expected --exchange one of "
+                         f"{', '.join(n for n, e in EXCHANGES.items() if e.narrow_wire)}")
+    exchange = entry.load()(comm, buffer_bytes, max_width, dtype, wire_dtype)
     if masking is None:
         return exchange
     if not entry.maskable:

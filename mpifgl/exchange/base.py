@@ -121,9 +121,11 @@ class Exchange:
     chunks whose buffers fit ``buffer_bytes`` (at least one row per chunk)."""
 
     def __init__(self, comm: Communicator, buffer_bytes: int, max_width: int,
-                 dtype: torch.dtype):
+                 dtype: torch.dtype, wire_dtype: torch.dtype | None = None):
         self.comm = comm
         self.dtype = dtype
+        # what the terms and sums travel as (--wire-dtype); the sums are made in ``dtype``
+        self.wire_dtype = wire_dtype or dtype
         # rows of the widest exchange that fit the buffer cap
         self.row_budget = max(1, int(buffer_bytes) // (max(1, max_width) * dtype.itemsize))
         self.id_budget = max(1, int(buffer_bytes) // (8 * comm.size))  # ids per rank per round
@@ -187,13 +189,14 @@ class Exchange:
         per_owner = routing.owned_rows(c)
         counts = np.concatenate([[0], per_owner]) * width
         mine = int(per_owner[own]) if own >= 0 else 0
-        received = self.comm.scatterv(summed, counts if self.comm.is_server else None,
-                                      mine * width, self.dtype)
+        received = self.comm.scatterv(None if summed is None else summed.to(self.wire_dtype),
+                                      counts if self.comm.is_server else None, mine * width,
+                                      self.wire_dtype)
         if mine:
             first = routing.first_owned_row(c, own)
             rows = (slice(first, first + mine) if receive_rows is None
                     else torch.from_numpy(receive_rows[first:first + mine]).to(result.device))
-            store(result, rows, received.view(mine, width).to(result.device), add)
+            store(result, rows, received.view(mine, width).to(result.device, self.dtype), add)
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:

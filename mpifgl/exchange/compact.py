@@ -1,7 +1,8 @@
 """``--exchange compact`` (the default): per plan, each client sends the server its touched row
 ids (int32 while n_S < 2^31) once; per exchange, only the values of its touched rows (Gatherv).
 The server sums them per row in client order (deterministic) and sends each owner the values of
-its receive rows only (Scatterv; the owner knows which rows they are, no ids come back).
+its receive rows only (Scatterv; the owner knows which rows they are, no ids come back). With
+``--wire-dtype`` the values travel in a 16-bit float both ways and are summed in ``--dtype``.
 
 ``compact_routing`` (the ids' round trip and the server's chunks) is shared with
 ``compact-reduce``; ``sum_matrices`` with ``--secure``'s masked exchange.
@@ -169,9 +170,9 @@ class CompactExchange(Exchange):
 
     def sum_chunk(self, plan, routing, c, values):
         width = values.shape[1]
-        rows = self.staging.to_host(self.send_rows(plan, routing, c, values))
+        rows = self.staging.to_host(self.send_rows(plan, routing, c, values).to(self.wire_dtype))
         counts = routing.gathered_rows(c) * width if self.comm.is_server else None
         flat = self.comm.gatherv(rows, counts)
         if flat is None:
             return None
-        return routing.extra[SUM_MATRICES][c].matmul(flat.view(-1, width))
+        return routing.extra[SUM_MATRICES][c].matmul(flat.view(-1, width).to(self.dtype))

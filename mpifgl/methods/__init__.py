@@ -28,9 +28,14 @@ def get_method(name: str) -> Method:
 
 def build_trainer(config: TrainConfig, comm: Communicator, graph: ClientGraph, num_classes: int,
                   run_dir: RunDirectory | None = None,
-                  run_info: dict[str, Any] | None = None, device: Any = "cpu") -> Trainer:
+                  run_info: dict[str, Any] | None = None, device: Any = "cpu",
+                  whole_graph: ClientGraph | None = None) -> Trainer:
     """This rank's Trainer for ``config.algo`` on ``device`` (collective: every rank builds its
-    own)."""
+    own). A method's ``setup_summary`` (what its set-up did, e.g. the bytes it moved) joins
+    ``run_info`` and so final.json. ``whole_graph``: the merged graph the server of such a
+    method holds."""
     from mpifgl.trainer import RankSetup, Trainer
-    setup = RankSetup.create(config, comm, graph, num_classes, device)
-    return Trainer(setup, get_method(config.algo).load()(setup), run_dir, run_info)
+    setup = RankSetup.create(config, comm, graph, num_classes, device, whole_graph)
+    method = get_method(config.algo).load()(setup)
+    info = {**(run_info or {}), **getattr(method, "setup_summary", {})}
+    return Trainer(setup, method, run_dir, info)

@@ -5,12 +5,13 @@ neighbours to its local graph).
 One round per epoch:
 
 1. every client runs ``--local-epochs`` full-batch steps of the backbone on its LOCAL graph with
-   its own Adam state (cross-client edges dropped; degrees and GCN normalisation from the local
-   graph, so nothing crosses clients during training);
+   its own optimizer state, Adam unless ``--optimizer`` (cross-client edges dropped; degrees and
+   GCN normalisation from the local graph, so nothing crosses clients during training);
 2. aggregation: the server sums ``n_i * w_i`` and ``n_i`` over clients (one ``sum_to_all`` on a
    flat float64 buffer) and every rank, the server included, continues from
    ``w = sum n_i w_i / sum n_i``, where n_i = number of the client's TRAINING nodes (FedAvg's
-   n_k: the examples the local loss is averaged over);
+   n_k: the examples the local loss is averaged over); ``--client-weights uniform``: n_i = 1 for
+   every client with training nodes (FedGCN's and FedSage+'s unweighted mean), 0 for the others;
 3. evaluation: each client predicts its own nodes with the averaged model on its local graph
    (all FedAvg can do; this is where local bias shows); counts are summed at the server by
    ``Trainer.evaluate``, and ``--save-logits`` writes these local-graph logits.
@@ -38,6 +39,8 @@ import torch.nn.functional as F
 from mpifgl.communicator import Communicator
 from mpifgl.graph import ClientGraph, build_operator
 from mpifgl.model import flatten, make_features, unflatten
+from mpifgl.registry import CLIENT_WEIGHTS
+from mpifgl.tensor_memory import SavedActivations, held_adjacency, tensor_report
 from mpifgl.trainer import RankSetup
 
 # -- aggregation: pure functions (tested with hand-computed values) ------------------------------
@@ -48,6 +51,15 @@ def fedavg_contribution(params: torch.Tensor, weight: float, loss: float) -> tor
     weight]."""
     return torch.cat([params.to(torch.float64) * weight,
                       torch.tensor([weight * loss, weight], dtype=torch.float64)])
+
+
+def client_weight(train_nodes: int, rule: str) -> float:
+    """A client's weight in the average (``--client-weights``): its training nodes (``train``)
+    or 1 (``uniform``); 0 without training nodes either way (it has no loss to train on)."""
+    if rule not in CLIENT_WEIGHTS:
+        raise ValueError(f"--client-weights {rule!r}, expected one of "
+                         f"{', '.join(CLIENT_WEIGHTS)}")
+    return float(train_nodes) if rule == "train" else float(train_nodes > 0)
 
 
 def fedavg_result(summed: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -134,11 +146,13 @@ def fetch_features(comm: Communicator, graph: ClientGraph, wanted: np.ndarray) -
 # -- the method ----------------------------------------------------------------------------------
 
 class FedAvgMethod:
-    """One rank's side of FedAvg: its local graph, the backbone model and its own Adam state.
+    """One rank's side of FedAvg: its local graph, the backbone model and its own optimizer state.
     ``collect_neighbours`` (FedAvg+nc): add a share of the cross-client neighbours at set-up.
     Nothing is exchanged after set-up but the round's weighted sum."""
 
-    def __init__(self, setup: RankSetup, collect_neighbours: bool = False):
+    def __init__(self, setup: RankSetup, collect_neighbours: bool = False,
+                 local: LocalGraph | None = None):
+        """``local``: the graph to train on, made by the caller (FedSage+'s mended graph)."""
         config, comm, graph = setup.config, setup.comm, setup.graph
         if setup.global_split_counts["train"] == 0:
             raise ValueError(f"--algo {config.algo} needs training nodes: the shards have none")
@@ -146,7 +160,8 @@ class FedAvgMethod:
         self.config = config if config.steps_per_epoch else config.replace(steps_per_epoch=1)
         self.model, self.optimizer = setup.gnn_and_optimizer()
         self.collected = np.zeros(0, np.int64)  # client-ordered ids added (FedAvg+nc)
-        self.local = (self._collect_neighbours() if collect_neighbours else local_graph(graph))
+        self.local = local if local is not None else (
+            self._collect_neighbours() if collect_neighbours else local_graph(graph))
         device = setup.device
         self.local_x = make_features(self.local.x, setup.dtype, config.feature_format,
                                      device=device)
@@ -154,7 +169,11 @@ class FedAvgMethod:
         self.local_train = torch.from_numpy(self.local.graph.train_mask).to(device)
         self.local_operator = build_operator(self.local.graph, config.backbone, None, None,
                                              setup.dtype, False, device)
-        self.weight = float(graph.train_mask.sum())  # n_i: local training nodes
+        # n_i: local training nodes (or 1 per client, --client-weights uniform)
+        self.weight = client_weight(int(graph.train_mask.sum()), config.client_weights)
+        self.activations = SavedActivations([*self.model.parameters(), self.local_x]
+                                            if isinstance(self.local_x, torch.Tensor)
+                                            else self.model.parameters())
 
     def _collect_neighbours(self) -> LocalGraph:
         """Collective: chosen neighbours' features come from their owners via the server."""
@@ -173,8 +192,9 @@ class FedAvgMethod:
         """One full-batch step on the local graph with this client's own optimizer."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
-        logits = self.model(self.local_x, self.local_operator, self.setup.dropout_rng)
-        loss = F.cross_entropy(logits[self.local_train], self.local_y[self.local_train])
+        with self.activations.measure():
+            logits = self.model(self.local_x, self.local_operator, self.setup.dropout_rng)
+            loss = F.cross_entropy(logits[self.local_train], self.local_y[self.local_train])
         loss.backward()
         self.optimizer.step()
         return float(loss.detach())
@@ -203,7 +223,19 @@ class FedAvgMethod:
         self.model.eval()
         return self.model(self.local_x, self.local_operator)[:self.local.num_own]
 
-    # -- checkpoints: every client's Adam state is its own --------------------------------------
+    # -- what the run reports -------------------------------------------------------------------
+    def rank_report(self) -> dict[str, Any]:
+        """This rank's tensors by kind (``mpifgl.tensor_memory.tensor_report``): its local
+        graph's features and operator beside the shard it loaded, autograd's saved tensors,
+        and the round's two flat float64 vectors (its contribution and the sum)."""
+        parameters = sum(p.numel() for p in self.model.parameters())
+        return {"tensor_bytes": tensor_report(
+            [self.setup.graph.x, self.local.x, self.local_x],
+            [held_adjacency(self.setup.graph), held_adjacency(self.local.graph),
+             self.local_operator.inner], self.activations.peak, None, self.model,
+            self.optimizer, more_buffer_bytes=2 * (parameters + 2) * 8)}
+
+    # -- checkpoints: every client's optimizer state is its own ---------------------------------
     def rank_state(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict()}
 

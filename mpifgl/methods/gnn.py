@@ -21,12 +21,13 @@ import torch
 import torch.nn.functional as F
 
 from mpifgl.config import TrainConfig
-from mpifgl.exchange import CrossClientSums, build_exchange
+from mpifgl.exchange import WIRE_TYPES, CrossClientSums, build_exchange
 from mpifgl.graph import build_operator
 from mpifgl.model import LayerOperator, flatten, gradients, make_features, select_rows, unflatten
 from mpifgl.operators import SparseFeatures
 from mpifgl.sampling import (NodeSample, NodeSampler, client_sample_sizes, default_sample_size,
                              make_distribution, one_step_exact_first, steps_for_sample)
+from mpifgl.tensor_memory import SavedActivations, held_adjacency, nbytes, tensor_report
 from mpifgl.trainer import RankSetup, on_host
 
 
@@ -103,7 +104,7 @@ class GNNMethod:
                 ([graph.x.shape[1]] if first else [])
             self.cross_sums = CrossClientSums(build_exchange(
                 comm, config.exchange, int(config.exchange_buffer_mb * 2 ** 20), max(widths),
-                self.dtype, setup.masking))
+                self.dtype, setup.masking, WIRE_TYPES.get(config.wire_dtype)))
             self.cross_sums.attach(self.model, first)
         if config.steps_per_epoch == 0:
             config = config.replace(steps_per_epoch=sampler.steps_per_epoch if sampler else 1)
@@ -121,6 +122,11 @@ class GNNMethod:
         self.history: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.history_period = config.history_every * config.steps_per_epoch
         self.steps_taken = 0
+        # what rank_report says: autograd's saved tensors, and the largest step's operator
+        self.activations = SavedActivations([*self.model.parameters(),
+                                             *([self.x] if isinstance(self.x, torch.Tensor)
+                                               else [])])
+        self.largest_step: tuple[int, int] = (0, 0)  # (operator bytes, exchange buffer bytes)
 
     @torch.no_grad()
     def full_aggregate(self, z: torch.Tensor, purpose: str = "setup",
@@ -233,13 +239,17 @@ class GNNMethod:
         # sample's rows are copied for this step alone, so dropout masks them in place.
         sampled = operator is not self.full_operator
         x = select_rows(self.x, operator.rows) if sampled else self.x
-        logits = self.model(x, operator, self.setup.dropout_rng, own_input=sampled)
-        del x  # L exchanges forward; what backward needs of the input autograd holds
-        train = self.train_mask[operator.rows]
-        loss = F.cross_entropy(logits[train], self.setup.y[operator.rows][train],
-                               reduction="sum")
-        del logits  # the loss keeps what its gradient needs; backward runs without [k, C]
-        loss = loss / max(1, global_train_rows)
+        with self.activations.measure():
+            logits = self.model(x, operator, self.setup.dropout_rng, own_input=sampled)
+            del x  # L exchanges forward; what backward needs of the input autograd holds
+            train = self.train_mask[operator.rows]
+            loss = F.cross_entropy(logits[train], self.setup.y[operator.rows][train],
+                                   reduction="sum")
+            del logits  # the loss keeps what its gradient needs; backward runs without [k, C]
+            loss = loss / max(1, global_train_rows)
+        if sampled:
+            self.largest_step = max(self.largest_step, (self._operator_bytes(operator),
+                                                        self._exchange_buffer_bytes(operator)))
         loss.backward()  # L exchanges backward
         return self._sum_gradients_and_loss(gradients(self.model), float(loss.detach()))
 
@@ -266,6 +276,44 @@ class GNNMethod:
             return torch.zeros((0, self.setup.num_classes), dtype=self.dtype, device=self.device)
         self.model.eval()
         return self.model(self.x, self.full_operator)
+
+    # -- what the run reports -------------------------------------------------------------------
+    def rank_report(self) -> dict[str, Any]:
+        """This rank's tensors by kind (``mpifgl.tensor_memory.tensor_report``): the features,
+        the shard's adjacency and the full graph's operator, plus the largest step's operator;
+        autograd's saved tensors; the exchange's buffers of the largest step (its largest chunk's
+        send and receive rows and one exchange's result, at the widest propagation)."""
+        step_operator, step_buffers = self.largest_step
+        buffers = max(step_buffers, self._exchange_buffer_bytes(self.full_operator))
+        aggregates = [self.input_aggregate, self.history]
+        memory = tensor_report(self.x, [held_adjacency(self.graph), self.full_operator.inner,
+                                        self._plan_matrix(self.full_operator)],
+                               self.activations.peak, None, self.model, self.optimizer,
+                               more_buffer_bytes=buffers)
+        memory["adjacency"] += step_operator
+        memory["activations"] += nbytes(aggregates)  # --exact-first-layer, --history-every
+        return {"tensor_bytes": memory}
+
+    @staticmethod
+    def _plan_matrix(operator: LayerOperator) -> Any:
+        return None if operator.exchange is None else operator.exchange.send_rows
+
+    def _operator_bytes(self, operator: LayerOperator) -> int:
+        return nbytes(operator.inner, self._plan_matrix(operator), operator.row_scale,
+                      operator.col_scale, operator.self_scale)
+
+    def _exchange_buffer_bytes(self, operator: LayerOperator) -> int:
+        """A client's buffers of one exchange of ``operator``'s plan: its largest chunk's send
+        rows and owned rows and the exchange's result, at the widest propagation."""
+        plan = operator.exchange
+        if plan is None or plan.routing is None or self.cross_sums is None or plan.own_segment < 0:
+            return 0
+        routing, own = plan.routing, plan.own_segment
+        send = int(np.diff(routing.send_bounds).max(initial=0))
+        owned = max((int(routing.owned_rows(c)[own]) for c in range(routing.num_chunks)),
+                    default=0)
+        width = max(self.cross_sums.widths, default=0)
+        return (send + owned + int(plan.segment_rows[own])) * width * self.dtype.itemsize
 
     # -- checkpoints: the random streams (saved by the Trainer) are all of a rank's own state --
     def rank_state(self) -> dict[str, Any]:

@@ -72,7 +72,8 @@ class NeighbourSampler:
 
     def __init__(self, adjacency: sp.csr_matrix, fanouts: list[int], rng: np.random.Generator):
         self.indptr = adjacency.indptr.astype(np.int64)
-        self.indices = adjacency.indices.astype(np.int64)
+        # in the CSR's own type, not copied: LLCG's server samples the whole graph with it
+        self.indices = adjacency.indices
         self.fanouts = list(fanouts)
         self.rng = rng
         self._position = np.full(adjacency.shape[0], -1, dtype=np.int64)  # reset after each use

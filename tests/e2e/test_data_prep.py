@@ -1,7 +1,9 @@
 """python -m data_prep end to end: real datasets round trip, no traceback for missing files,
---quiet prints nothing, a killed run leaves nothing the next one keeps."""
+--quiet prints nothing, a killed run leaves nothing the next one keeps, a user's own graph
+becomes shards the main job trains on."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -14,7 +16,7 @@ from data_prep.verify import verify_shard_dir
 from tests.helpers import SHARED_DATA, require_shared_data
 from tests.helpers.data_prep_fixtures import (SMALL_SYN, check_shards_hold_the_dataset, copy_raw,
                                               edge_set, load_all, run_cli)
-from tests.helpers.mpi import REPO, mpi_env
+from tests.helpers.mpi import REPO, mpi_env, run_mpi
 
 
 @pytest.mark.timeout(180)
@@ -134,3 +136,40 @@ def test_amazon_computers_onto_a_full_disk_ends_with_one_line(tmp_path, tiny_fs)
     assert "bytes free, this write needs " in lines[0]
     assert lines[0].endswith("bytes); partial output removed")
     assert list(fs.iterdir()) == []
+
+
+@pytest.mark.timeout(240)
+def test_your_own_graph_becomes_verified_shards_and_trains(tmp_path):
+    """The user's path, as programs: an edge list with features and labels in an .npz and the
+    same graph as a PyG Data in a .pt, one command each to verified shards (dirichlet and
+    louvain clients), and mpirun of the main job trains on them."""
+    import torch
+    from torch_geometric.data import Data
+
+    rng = np.random.default_rng(0)
+    n = 120
+    y = np.arange(n) % 3
+    src = rng.integers(0, n, 600)
+    same_class = 3 * rng.integers(0, n // 3, 600) + y[src]  # most edges inside a class
+    dst = np.where(rng.random(600) < 0.8, same_class, rng.integers(0, n, 600))
+    arrays = {"edge_index": np.stack([src, dst]),
+              "x": (rng.normal(size=(n, 8)) + y[:, None]).astype(np.float32), "y": y}
+    np.savez(tmp_path / "mine.npz", **arrays)
+    torch.save(Data(**{k: torch.from_numpy(v) for k, v in arrays.items()}), tmp_path / "mine.pt")
+    env = {**mpi_env(), "MPIFGL_CACHE": str(tmp_path / "cache")}
+    for source, partition in (("mine.npz", ["dirichlet", "--beta", "1", "--min-client-nodes",
+                                            "5"]), ("mine.pt", ["louvain"])):
+        out = tmp_path / f"shards-{source}"
+        done = subprocess.run([sys.executable, "-m", "data_prep", "--graph",
+                               str(tmp_path / source), "--num-clients", "2", "--partition",
+                               *partition, "--out", str(out)], env=env, cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert "edge_index: 600 entries" in done.stdout and "client sizes:" in done.stdout
+        assert verify_shard_dir(out).ok  # what `python -m data_prep verify` runs
+    run = tmp_path / "run"
+    done = run_mpi(3, ["-m", "mpifgl.train", "--shards", str(tmp_path / "shards-mine.npz"),
+                       "--epochs", "2", "--hidden", "8", "--out", str(run)], timeout=150)
+    assert done.returncode == 0, done.stderr[-3000:]
+    final = json.loads((run / "final.json").read_text())
+    assert final["dataset"] == "mine" and 0.0 <= final["test_micro_f1"] <= 1.0

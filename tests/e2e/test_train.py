@@ -111,7 +111,7 @@ def test_centralized_run_records_its_dataset_and_labels_its_log(toy_shards, tmp_
 @pytest.mark.timeout(240)
 def test_a_checkpoint_on_a_full_disk_is_named_and_the_previous_one_kept(cora_graph, tmp_path,
                                                                         tiny_fs):
-    """Cora onto a 3 MB file system: the first checkpoint (2.2 MB) fits, the second does not
+    """Cora onto a 3 MB file system: the first checkpoint fits, the second does not
     (its temporary copy needs as much again). One line names checkpoint.pt with the free and
     the needed bytes; the first checkpoint is intact and --resume continues from it."""
     shards = write_shards(cora_graph, random_parts(cora_graph.num_nodes, 2), tmp_path / "shards",

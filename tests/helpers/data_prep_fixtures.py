@@ -4,6 +4,7 @@ Nothing here touches the network or writes into the shared data folder: raw fold
 into tmp_path and the cache (MPIFGL_CACHE) points into tmp_path too."""
 from __future__ import annotations
 
+import gzip
 import shutil
 from pathlib import Path
 
@@ -11,10 +12,11 @@ import numpy as np
 import pytest
 
 from data_prep.__main__ import main
+from data_prep.catalog import KNOWN_DATASETS
 from fgl_common import shard_format
 from tests.helpers import require_shared_data
 
-# Small synthetic graph used by most tests: fast (< 0.1 s) yet with every class on every client.
+# Small synthetic graph used by most tests: fast to build, yet with every class on every client.
 SMALL_SYN = ["--dataset", "synthetic", "--syn-nodes", "600", "--syn-avg-degree", "8",
              "--syn-classes", "4", "--syn-features", "5"]
 
@@ -89,3 +91,52 @@ def check_shards_hold_the_dataset(config, shards: list[shard_format.ClientShard]
     assert_same_graph(nodes, adjacency, load_dataset(config))
     check_blocks_transposed(shards)
     check_local_order(shards)
+
+
+# -- tiny raw files in OGB's layout ---------------------------------------------------------------
+N = 40
+
+
+def tiny_graph(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    src = rng.integers(0, N, 120)
+    dst = rng.integers(0, N, 120)
+    return rng, src, dst
+
+
+def expected_edges(src, dst) -> set[tuple[int, int]]:
+    """The directed edge set of an undirected graph without self loops from an edge list."""
+    keep = src != dst
+    pairs = {(int(a), int(b)) for a, b in zip(src[keep], dst[keep])}
+    return pairs | {(b, a) for a, b in pairs}
+
+
+def write_csv_gz(path: Path, rows) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as handle:
+        for row in rows:
+            handle.write(",".join(str(v) for v in np.atleast_1d(row)) + "\n")
+
+
+def make_fake_ogb(data_root: Path, name: str, folder: Path | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Tiny raw files of an ogbn-* dataset in OGB's layout (under data_root/OGB/<name>, or in
+    ``folder``) -> (labels, the permutation whose pieces are train, valid, test)."""
+    spec = KNOWN_DATASETS[name]
+    rng, src, dst = tiny_graph()
+    folder = folder or data_root / "OGB" / name.replace("-", "_")
+    raw = folder / "raw"
+    write_csv_gz(raw / "edge.csv.gz", zip(src, dst))
+    write_csv_gz(raw / "node-feat.csv.gz", rng.normal(size=(N, 3)).round(3))
+    labels = rng.integers(0, 4, N)
+    write_csv_gz(raw / "node-label.csv.gz", labels)
+    write_csv_gz(raw / "num-node-list.csv.gz", [N])
+    write_csv_gz(raw / "num-edge-list.csv.gz", [len(src)])
+    if name == "ogbn-arxiv":
+        write_csv_gz(raw / "node_year.csv.gz", rng.integers(2000, 2020, N))
+    split_dir = [p for p in spec.raw_files if "/split/" in p][0].split("/split/")[1].split("/")[0]
+    perm = rng.permutation(N)
+    for part, ids in zip(("train", "valid", "test"), (perm[:20], perm[20:30], perm[30:])):
+        write_csv_gz(folder / "split" / split_dir / f"{part}.csv.gz", sorted(ids))
+    (folder / "RELEASE_v1.txt").write_text("fake release\n")
+    return labels, perm

@@ -5,6 +5,8 @@ The distributed run (``run_probe``) must equal both references: 1e-10 in float64
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import scipy.sparse as sp
 import torch
@@ -137,9 +139,9 @@ def assert_close(found, expected, tolerance, what):
         f"{what}: max abs error {error:.3e} > {tolerance:.0e} x scale {scale:.3g}"
 
 
-def check_against_references(graph: Graph, shard_dir, layers: int, probe_file):
+def check_against_references(graph: Graph, shard_dir, layers: int, probe_file, cases=CASES):
     results = np.load(probe_file)
-    for backbone, dtype in CASES:
+    for backbone, dtype in cases:
         key, tol = f"{backbone}_{dtype}", TOLERANCE[dtype]
         loss, grads, logits, state = centralized_reference(shard_dir, backbone, dtype, layers)
         for name, reference in (("centralized", (loss, grads, logits)),
@@ -158,12 +160,23 @@ def check_against_references(graph: Graph, shard_dir, layers: int, probe_file):
         assert_close(results[f"sampled_{key}_grads"], grads, tol, f"sampled {key} grads")
 
 
+def variant_output(out, mode: str) -> Path:
+    """Where a probe of several exchange modes writes ``mode``'s results: OUT-MODE.npz."""
+    out = Path(out)
+    return out.with_name(f"{out.stem}-{mode}{out.suffix}")
+
+
 def run_probe(shard_dir, out, ranks: int, layers: int, mode: str = "compact",
-              buffer_mb: float = 256.0, device: str = "cpu", secure: bool = False):
-    done = run_mpi(ranks, [PROBE, str(shard_dir), str(out), str(layers), mode, str(buffer_mb),
-                           device, "1" if secure else "0"], timeout=240)
+              buffer_mb: float = 256.0, device: str = "cpu", secure: bool = False,
+              cases=CASES, launch=run_mpi):
+    """The probe under ``launch(ranks, argv, timeout=...)`` (default: ``mpirun`` on this host);
+    ``mode``: one exchange mode (returns its results) or several joined by commas (returns
+    None; each is in ``variant_output(out, mode)``)."""
+    done = launch(ranks, [PROBE, str(shard_dir), str(out), str(layers), mode, str(buffer_mb),
+                          device, "1" if secure else "0",
+                          ",".join(f"{b}_{d}" for b, d in cases)], timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
-    return np.load(out)
+    return np.load(out) if "," not in mode else None
 
 
 def two_islands_graph() -> tuple[Graph, np.ndarray]:

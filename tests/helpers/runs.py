@@ -9,6 +9,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tests.helpers.mpi import run_mpi, run_python
+from tests.helpers.thread_comm import ThreadWorld
+
 TRAIN = ["-m", "mpifgl.train"]
 TINY = ["--hidden", "8", "--log-every", "100", "--save-logits", "--force"]
 
@@ -40,3 +43,45 @@ def run_ok(done: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     assert done.returncode == 0, \
         f"exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
     return done
+
+
+def threaded_program(argv: list, ranks: int) -> list[int]:
+    """``mpirun -n RANKS python -m mpifgl.train ARGV`` with the ranks as threads: every rank's
+    exit status."""
+    from mpifgl import train
+    from mpifgl.methods import get_method
+    argv = [str(a) for a in argv]
+    config = train.parse_args(argv, quiet=True)
+    explicit = train.explicit_dests(train.build_parser(), argv)
+    config = config.replace(**get_method(config.algo).default_changes(explicit))
+    config.check_method_settings()
+
+    def body(comm):
+        progress = train.RankProgress(config)
+        return train.run_rank(comm, progress, lambda: train.train(config, comm, progress,
+                                                                  explicit))
+
+    return ThreadWorld(ranks).run(body)
+
+
+def fedavg_one_client_equals_centralized(graph, shard_dir: Path, tmp_path: Path,
+                                         launch=run_mpi) -> None:
+    """FedAvg's one client (one local epoch a round) trains as centralized full batch does:
+    scores, weights and logits to 1e-10 in float64; ``launch`` runs the 2-rank job (default:
+    ``mpirun`` on this host)."""
+    common = ["--shards", str(shard_dir), "--epochs", "5", "--dtype", "float64",
+              "--dropout", "0", "--local-epochs", "1", *TINY]
+    run_ok(launch(2, TRAIN + common + ["--algo", "fedavg", "--out", str(tmp_path / "fedavg")],
+                  timeout=240))
+    run_ok(run_python(TRAIN + common + ["--algo", "centralized", "--sampling", "none",
+                                        "--out", str(tmp_path / "central")], timeout=240))
+    weights = check_run_dir(tmp_path / "fedavg", graph.num_nodes, graph.num_classes, 5)
+    reference = torch.load(tmp_path / "central" / "model.pt")
+    fedavg, central = metrics(tmp_path / "fedavg"), metrics(tmp_path / "central")
+    for key in ("loss", "train_micro_f1", "test_micro_f1"):
+        assert np.allclose([r[key] for r in fedavg], [r[key] for r in central], atol=1e-10), key
+    assert weights.keys() == reference.keys()
+    for name in weights:
+        assert torch.allclose(weights[name], reference[name], atol=1e-10, rtol=0), name
+    assert np.allclose(np.load(tmp_path / "fedavg" / "logits.npy"),
+                       np.load(tmp_path / "central" / "logits.npy"), atol=1e-10)

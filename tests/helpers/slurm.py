@@ -9,7 +9,7 @@ Two things that matter on small test machines:
 
 * The node advertises ``cpus`` CPUs (default 16) whatever the hardware has, via
   ``SlurmdParameters=config_overrides``; with the real 2 CPUs an ``sbatch -n 9`` job pends forever.
-* ``sbatch --wait`` only notices the end of a job about every 10 s; ``wait`` here polls
+* ``sbatch --wait`` notices the end of a job only at its next slow poll; ``wait`` here polls
   ``scontrol`` every 0.2 s instead.
 
 Use from pytest::
@@ -241,9 +241,14 @@ class LocalSlurm:
             del env[key]
         return env
 
+    def client_command(self, argv: Sequence[str]) -> list[str]:
+        """A client command (sbatch, scontrol, ...) as it must run to reach slurmctld."""
+        return list(argv)
+
     def _run(self, argv: Sequence[str], timeout: float = 30, check: bool = True,
              env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
-        proc = subprocess.run(list(argv), env=dict(env) if env is not None else self.env,
+        proc = subprocess.run(self.client_command(argv),
+                              env=dict(env) if env is not None else self.env,
                               capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
             raise SlurmHarnessError(f"{' '.join(argv)} exited {proc.returncode}:\n"
@@ -266,8 +271,7 @@ class LocalSlurm:
         try:
             self._start_munged()
             self._write_conf()
-            self._run([_which("slurmctld"), "-c", "-f", str(self.conf)])  # -c: clean state
-            self._run([_which("slurmd"), "-f", str(self.conf)])
+            self._start_daemons()
             self._wait_idle(timeout)
             # readiness probe: a real one-task step
             self._run(["srun", "-n1", "-t1", "true"], timeout=timeout)
@@ -275,6 +279,10 @@ class LocalSlurm:
             self.stop()
             raise
         return self
+
+    def _start_daemons(self) -> None:
+        self._run([_which("slurmctld"), "-c", "-f", str(self.conf)])  # -c: clean state
+        self._run([_which("slurmd"), "-f", str(self.conf)])
 
     def _start_munged(self) -> None:
         key = self.base / "munge" / "munge.key"
@@ -313,7 +321,7 @@ class LocalSlurm:
         state = ""
         while time.monotonic() < deadline:
             state = self._run(["sinfo", "-h", "-N", "-o", "%T"], check=False).stdout.strip()
-            if state == "idle":
+            if state and set(state.split()) == {"idle"}:  # every node
                 return
             time.sleep(0.2)
         raise SlurmHarnessError(f"node not idle after {timeout} s (state {state!r})\n"
@@ -399,8 +407,8 @@ class LocalSlurm:
         """``sbatch --parsable ARGS``; returns the job id. ``env`` is added to ``self.env``."""
         full_env = self.env
         full_env.update(env or {})
-        proc = subprocess.run(["sbatch", "--parsable", *sbatch_args], env=full_env, cwd=cwd,
-                              capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(self.client_command(["sbatch", "--parsable", *sbatch_args]),
+                              env=full_env, cwd=cwd, capture_output=True, text=True, timeout=30)
         if proc.returncode != 0:
             raise SlurmHarnessError(f"sbatch {' '.join(sbatch_args)} exited {proc.returncode}: "
                                     f"{proc.stderr.strip()}")

@@ -8,6 +8,7 @@ wrap), no mpirun, and a test can look at every buffer the server receives.
 from __future__ import annotations
 
 import pickle
+import socket
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable
@@ -15,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from mpifgl.communicator import TrafficCounters
+from mpifgl.communicator import TrafficCounters, allreduce_traffic, broadcast_traffic
 
 BARRIER_SECONDS = 120.0
 
@@ -31,6 +32,9 @@ class ThreadWorld:
         # every array the server received from a client (gatherv, sums): what it "sees"
         self.server_received: list[tuple[str, int, np.ndarray]] = []
         self.max_to_all_calls = 0  # the agreements --secure needs beyond the sums themselves
+        # the groups split from this world (ThreadComm.split): (split number, color) -> world
+        self.groups: dict[tuple[int, int], ThreadWorld] = {}
+        self.lock = threading.Lock()
 
     def run(self, body: Callable[["ThreadComm"], Any]) -> list[Any]:
         results: list[Any] = [None] * self.size
@@ -58,8 +62,10 @@ class ThreadWorld:
 class ThreadComm(TrafficCounters):
     """One rank's side; implements every member of mpifgl.communicator.Communicator."""
 
-    def __init__(self, world: ThreadWorld, rank: int):
+    def __init__(self, world: ThreadWorld, rank: int, parent: "ThreadComm | None" = None):
         self.world = world
+        self.parent = parent  # a group's traffic is counted in its parent's too, as MPI's
+        self._splits = 0  # splits made so far: every rank makes them in the same order
         self.rank = rank
         self.size = world.size
         self.client_id = rank - 1
@@ -67,6 +73,7 @@ class ThreadComm(TrafficCounters):
         self.is_server = rank == 0
         self.is_client = rank > 0
         self.is_single_process = False
+        self.hosts = [socket.gethostname()] * world.size  # the threads are one node
         self.reset_counters()
         self._turn = 0  # which of the world's two slot sets the next collective uses
 
@@ -89,22 +96,22 @@ class ThreadComm(TrafficCounters):
 
     # -- buffer collectives (tensors in, tensors out; numpy inside, as MPI's views) ------------
     def gatherv(self, send: torch.Tensor, counts: np.ndarray | None) -> torch.Tensor | None:
-        shared = self._share(send.numpy().copy())
+        shared = self._share(_bits(send).copy())
         if not self.is_server:
             return None
         self._seen("gatherv", shared)
         flat = np.concatenate([s.ravel() for s in shared])
         assert flat.shape[0] == int(np.sum(counts)), "gatherv counts disagree with the buffers"
-        return torch.from_numpy(flat)
+        return _from_bits(flat, send.dtype)
 
     def scatterv(self, send, counts, receive_count: int, dtype) -> torch.Tensor:
-        mine = (send.numpy().ravel().copy(), np.asarray(counts)) if self.is_server else None
+        mine = (_bits(send).ravel().copy(), np.asarray(counts)) if self.is_server else None
         shared = self._share(mine)
         flat, counts = shared[0]
-        assert torch.from_numpy(flat[:0]).dtype == dtype, (flat.dtype, dtype)
+        assert _from_bits(flat[:0], dtype).dtype == dtype, (flat.dtype, dtype)
         start = int(np.sum(counts[:self.rank]))
         assert int(counts[self.rank]) == receive_count
-        return torch.from_numpy(flat[start:start + receive_count].copy())
+        return _from_bits(flat[start:start + receive_count].copy(), dtype)
 
     def reduce_sum(self, buffer: torch.Tensor) -> torch.Tensor | None:
         shared = self._share(buffer.numpy().copy())
@@ -175,3 +182,51 @@ class ThreadComm(TrafficCounters):
     def abort(self, code: int = 1) -> None:
         self.world.barrier.abort()
         raise RuntimeError(f"rank {self.rank} aborted with status {code}")
+
+    # -- groups of ranks: counted as mpifgl.comm counts them ---------------------------------
+    def _count(self, sent: int, received: int) -> None:
+        self.bytes_sent += int(sent)
+        self.bytes_received += int(received)
+        if self.parent is not None:
+            self.parent._count(sent, received)
+
+    def split(self, color: int, key: int) -> "ThreadComm | None":
+        shared = self._share((color, key))
+        number, self._splits = self._splits, self._splits + 1
+        if color < 0:
+            return None
+        members = sorted((k, r) for r, (c, k) in enumerate(shared) if c == color)
+        with self.world.lock:
+            group = self.world.groups.setdefault((number, color), ThreadWorld(len(members)))
+        return ThreadComm(group, members.index((key, self.rank)), parent=self)
+
+    def broadcast_buffer(self, buffer: torch.Tensor, root: int) -> torch.Tensor:
+        assert buffer.is_contiguous(), "broadcast_buffer needs a contiguous buffer"
+        shared = self._share(buffer.numpy().copy() if self.rank == root else None)
+        if self.rank != root:
+            assert shared[root].shape == tuple(buffer.shape), (shared[root].shape, buffer.shape)
+            buffer.copy_(torch.from_numpy(shared[root]))
+        self._count(*broadcast_traffic(buffer.numel() * buffer.element_size(), self.size,
+                                       self.rank == root))
+        return buffer
+
+    def allreduce_sum(self, buffer: torch.Tensor) -> torch.Tensor:
+        assert buffer.is_contiguous(), "allreduce_sum needs a contiguous buffer"
+        shared = self._share(buffer.numpy().copy())
+        total = shared[0].copy()
+        for value in shared[1:]:
+            total += value  # rank order on every rank: the same bits everywhere
+        buffer.copy_(torch.from_numpy(total))
+        self._count(*allreduce_traffic(buffer.numel() * buffer.element_size(), self.size))
+        return buffer
+
+RAW_16_BIT = (torch.bfloat16, torch.float16)  # moved as their bits, as mpifgl.comm moves them
+
+
+def _bits(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.view(torch.int16).numpy() if tensor.dtype in RAW_16_BIT else tensor.numpy()
+
+
+def _from_bits(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    tensor = torch.from_numpy(array)
+    return tensor.view(dtype) if dtype in RAW_16_BIT else tensor

@@ -1,6 +1,7 @@
 """The distributed baselines under mpirun (docs/algorithms.md) on the toy graph: the run
 directory and the exactness claims: bns with p = 1 == ours --sampling none; fedavg with one
-client == centralized full batch; fedavg-nc collects its neighbours and resumes exactly.
+client == centralized full batch; fedavg-nc collects its neighbours and resumes exactly; llcg
+at 2 and 3 clients (its rounds against an explicit loop: tests/unit/mpifgl/methods/test_llcg.py).
 """
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from tests.helpers.graphs import random_parts, write_shards
-from tests.helpers.mpi import MPI_SCRIPTS, run_mpi, run_python
-from tests.helpers.runs import TINY, TRAIN, check_run_dir, metrics, run_ok
+from tests.helpers.mpi import MPI_SCRIPTS, run_mpi
+from tests.helpers.runs import (TINY, TRAIN, check_run_dir, fedavg_one_client_equals_centralized,
+                                metrics, run_ok)
 PROBE_NC = str(MPI_SCRIPTS / "probe_fedavg_nc.py")
 
 
@@ -36,23 +37,7 @@ def test_bns_with_p1_equals_ours_full(toy_graph, toy_shards, tmp_path):
 @pytest.mark.mpi
 @pytest.mark.timeout(500)
 def test_fedavg_one_client_equals_centralized(toy_graph, toy_shards, tmp_path):
-    shard_dir = toy_shards(1)
-    common = ["--shards", str(shard_dir), "--epochs", "5", "--dtype", "float64",
-              "--dropout", "0", "--local-epochs", "1", *TINY]
-    run_ok(run_mpi(2, TRAIN + common + ["--algo", "fedavg", "--out", str(tmp_path / "fedavg")],
-                   timeout=240))
-    run_ok(run_python(TRAIN + common + ["--algo", "centralized", "--sampling", "none",
-                                        "--out", str(tmp_path / "central")], timeout=240))
-    weights = check_run_dir(tmp_path / "fedavg", toy_graph.num_nodes, toy_graph.num_classes, 5)
-    reference = torch.load(tmp_path / "central" / "model.pt")
-    fedavg, central = metrics(tmp_path / "fedavg"), metrics(tmp_path / "central")
-    for key in ("loss", "train_micro_f1", "test_micro_f1"):
-        assert np.allclose([r[key] for r in fedavg], [r[key] for r in central], atol=1e-10), key
-    assert weights.keys() == reference.keys()
-    for name in weights:
-        assert torch.allclose(weights[name], reference[name], atol=1e-10, rtol=0), name
-    assert np.allclose(np.load(tmp_path / "fedavg" / "logits.npy"),
-                       np.load(tmp_path / "central" / "logits.npy"), atol=1e-10)
+    fedavg_one_client_equals_centralized(toy_graph, toy_shards(1), tmp_path)
 
 
 @pytest.mark.mpi
@@ -90,16 +75,69 @@ def test_fedavg_nc_end_to_end_and_resume(toy_graph, toy_shards, tmp_path):
     own Adam state is in the checkpoint)."""
     shard_dir = toy_shards(2)
     common = ["--shards", str(shard_dir), "--algo", "fedavg-nc", "--local-epochs", "2", *TINY]
-    run_ok(run_mpi(3, TRAIN + common + ["--epochs", "4", "--out", str(tmp_path / "straight")],
-                   timeout=120))
-    run_ok(run_mpi(3, TRAIN + common + ["--epochs", "2", "--checkpoint-every", "2",
-                                        "--out", str(tmp_path / "first")], timeout=120))
-    # a finished run goes on in a new directory
-    run_ok(run_mpi(3, TRAIN + ["--resume", str(tmp_path / "first"), "--out",
-                               str(tmp_path / "resumed"), "--epochs", "4", "--save-logits"],
-                   timeout=120))
+    check_resume_is_exact(3, common, tmp_path, timeout=120)
     check_run_dir(tmp_path / "straight", toy_graph.num_nodes, toy_graph.num_classes, 4)
+
+
+def check_resume_is_exact(ranks: int, common: list[str], tmp_path, timeout: float) -> None:
+    """4 epochs straight, and 2 epochs (checkpoint at 2) resumed into a new directory up to 4
+    (a finished run goes on in a new directory): the same losses and logits, bit for bit."""
+    run_ok(run_mpi(ranks, TRAIN + common + ["--epochs", "4", "--out",
+                                            str(tmp_path / "straight")], timeout=timeout))
+    run_ok(run_mpi(ranks, TRAIN + common + ["--epochs", "2", "--checkpoint-every", "2",
+                                            "--out", str(tmp_path / "first")], timeout=timeout))
+    run_ok(run_mpi(ranks, TRAIN + ["--resume", str(tmp_path / "first"), "--out",
+                                   str(tmp_path / "resumed"), "--epochs", "4", "--save-logits"],
+                   timeout=timeout))
     straight, resumed = metrics(tmp_path / "straight"), metrics(tmp_path / "resumed")
     assert [r["loss"] for r in straight] == [r["loss"] for r in resumed]
     assert np.array_equal(np.load(tmp_path / "straight" / "logits.npy"),
                           np.load(tmp_path / "resumed" / "logits.npy"))
+
+
+def llcg_phase_bytes(run, clients: int, parameters: int) -> tuple[list[dict], dict]:
+    """Each phase's bytes per rank (sent + received) in every epoch of an LLCG run, and what
+    they must be: up, float64 weights + Adam moments + step + weighted loss + weight per client
+    (one Reduce); down, float64 weights + loss per client (one Scatterv); nothing else moves."""
+    up, down = (3 * parameters + 3) * 8, (parameters + 1) * 8
+    expected = {"local": [0] * (clients + 1), "correction": [0] * (clients + 1),
+                "average": [up * clients] + [up] * clients,
+                "broadcast": [down * clients] + [down] * clients}
+    found = [{name: phase["bytes"] for name, phase in r["phases"].items()} for r in metrics(run)]
+    return found, expected
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+def test_llcg_server_holds_the_whole_graph_and_evaluates_it(toy_graph, toy_shards, tmp_path):
+    """3 clients: the start line and final.json say the server holds the whole graph; the
+    server's logits of every node give the scores; each phase moves exactly its bytes."""
+    shard_dir = toy_shards(3)
+    run = tmp_path / "llcg"
+    done = run_ok(run_mpi(4, TRAIN + ["--shards", str(shard_dir), "--algo", "llcg", "--epochs",
+                                      "3", "--llcg-local-steps", "4", "--llcg-rho", "1.1",
+                                      "--batch-size", "16", "--out", str(run), *TINY],
+                          timeout=240))
+    assert (f"over 3 clients, the server holding the whole graph ({toy_graph.num_nodes} nodes, "
+            f"{toy_graph.adj.nnz} directed edges, features and labels)") in done.stdout
+    weights = check_run_dir(run, toy_graph.num_nodes, toy_graph.num_classes, 3)
+    assert json.loads((run / "final.json").read_text())["server_holds_whole_graph"] is True
+    predicted = np.load(run / "logits.npy").argmax(axis=1)  # the final model's, at the server
+    last = metrics(run)[-1]
+    for split in ("train", "val", "test"):
+        mask = getattr(toy_graph, f"{split}_mask")
+        assert last[f"{split}_micro_f1"] == pytest.approx(
+            float((predicted[mask] == toy_graph.y[mask]).mean()), abs=1e-12), split
+    found, expected = llcg_phase_bytes(run, 3, sum(w.numel() for w in weights.values()))
+    assert found == [expected] * 3
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(800)
+def test_llcg_two_clients_resume_exactly(toy_shards, tmp_path):
+    """A run resumed at round 2 continues bit for bit: every client's Adam, the server's and the
+    rho schedule's round are in the checkpoint."""
+    shard_dir = toy_shards(2)
+    common = ["--shards", str(shard_dir), "--algo", "llcg", "--llcg-local-steps", "3",
+              "--llcg-rho", "1.5", "--llcg-server-steps", "2", "--batch-size", "12", *TINY]
+    check_resume_is_exact(3, common, tmp_path, timeout=240)

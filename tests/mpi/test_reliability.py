@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +21,7 @@ from tests.helpers.mpi import MPI_SCRIPTS, REPO, mpi_env, mpirun_path, rank_pids
 from tests.helpers.tiny_fs import fill
 
 TRAIN = ["-m", "mpifgl.train"]
+PROG = "mpifgl.train"
 QUICK = ["--epochs", "3", "--hidden", "16", "--sample-size", "30"]
 PROBE = str(MPI_SCRIPTS / "fail_at_phase.py")
 ENDS_WITHIN = 60  # seconds: a hang would run into the subprocess timeout instead
@@ -234,3 +238,113 @@ def test_a_checkpoint_on_a_full_disk_names_the_file_and_keeps_the_last_one(toy_s
     import torch
     assert torch.load(run / "checkpoint.pt", weights_only=False)["epoch"] == 1
     assert not [p.name for p in run.iterdir() if p.name.endswith(".tmp")]
+
+
+def _start_training(run: Path, shards: Path, *flags: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [mpirun_path(), "-n", "3", sys.executable, *TRAIN, "--shards", str(shards), "--out",
+         str(run), "--epochs", "100000", "--hidden", "16", "--checkpoint-every", "1", *flags],
+        env=mpi_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _end_every_rank(process: subprocess.Popen, pids: dict[int, int]) -> None:
+    """Nothing is left behind, whatever the test found: a stopped rank is woken and killed."""
+    for pid in pids.values():
+        for signum in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+
+
+WATCHDOG_SECONDS = 5
+
+
+@pytest.mark.timeout(150)
+def test_a_frozen_client_ends_the_job_naming_it(toy_shards, tmp_path):
+    """kill -STOP of one client in training: the job ends within the watchdog's timeout plus
+    30 s with one line naming the stopped rank and its host, how to resume; no rank is left."""
+    run = tmp_path / "run"
+    process = _start_training(run, toy_shards(2), "--watchdog-seconds", str(WATCHDOG_SECONDS))
+    pids = {}
+    try:
+        _wait_for_metrics(process, run)
+        pids = rank_pids(str(run))
+        assert sorted(pids) == [0, 1, 2], pids
+        os.kill(pids[2], signal.SIGSTOP)
+        stopped = time.monotonic()
+        _, stderr = process.communicate(timeout=WATCHDOG_SECONDS + 60)
+        ended = time.monotonic() - stopped
+        left = rank_pids(str(run))
+    finally:
+        _end_every_rank(process, pids)
+    assert process.returncode == 1
+    lines = [line.strip() for line in stderr.splitlines() if line.strip().startswith(PROG + ":")]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    assert re.match(rf"{PROG}: error: no collective completed for \d+ s in epoch \d+ of 100000, "
+                    rf"(step \d of \d|evaluating|logging)[^:]*: waiting for client 1 \(rank 2\) on "
+                    rf"host {re.escape(socket.gethostname())}, which has not answered within "
+                    rf"\d+ s \(stopped, swapping, or its node lost\); files kept in {run}; "
+                    rf"continue from its checkpoint of epoch \d+ with: mpirun -n 3 python -m "
+                    rf"mpifgl.train --resume {run}$", lines[0]), lines[0]
+    assert ended < WATCHDOG_SECONDS + 30, ended  # the target: within the timeout plus 30 s
+    assert left == {}, left
+
+
+@pytest.mark.timeout(120)
+def test_a_healthy_run_with_a_short_watchdog_completes(toy_shards, tmp_path):
+    """--watchdog-seconds 1 while the server takes 3 s to write its checkpoint (the clients wait
+    for it in a collective, ask, and the busy server answers): the run completes."""
+    run = tmp_path / "run"
+    done = run_mpi(3, [str(MPI_SCRIPTS / "slow_checkpoint.py"), "3", "--shards",
+                       str(toy_shards(2)), "--out", str(run), *QUICK, "--checkpoint-every", "2",
+                       "--watchdog-seconds", "1"], timeout=100)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (run / "final.json").is_file()
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_twice_to_every_rank_is_one_line(toy_shards, tmp_path):
+    """scancel and a time limit signal every rank, and the launcher signals the ranks left after
+    the first report's abort: the second signal lands while the ranks wait to report. One line,
+    no traceback, exit status 143."""
+    run = tmp_path / "run"
+    process = _start_training(run, toy_shards(2))
+    pids = {}
+    try:
+        _wait_for_metrics(process, run)
+        pids = rank_pids(str(run))
+        assert sorted(pids) == [0, 1, 2], pids
+        for _ in range(2):
+            for pid in pids.values():
+                os.kill(pid, signal.SIGTERM)
+            time.sleep(0.3)  # the second lands in the ranks' wait before reporting
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        _end_every_rank(process, pids)
+    assert process.returncode == 143
+    lines = [line.strip() for line in stderr.splitlines() if line.strip().startswith(PROG + ":")]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    assert "interrupted by SIGTERM" in lines[0] and f"--resume {run}" in lines[0]
+
+
+@pytest.mark.timeout(120)
+def test_out_of_memory_under_ulimit_is_one_line_with_what_to_change(toy_shards, tmp_path):
+    """ulimit -v and a hidden width whose weights do not fit: torch's allocation error becomes one
+    line with the size, the limit and what to change; no traceback."""
+    command = shlex.join([mpirun_path(), "-n", "3", sys.executable, *TRAIN, "--shards",
+                          str(toy_shards(2)), "--out", str(tmp_path / "run"), *QUICK,
+                          "--hidden", "200000000"])
+    started = time.monotonic()
+    done = subprocess.run(["bash", "-c", f"ulimit -v 3000000 && exec {command}"], env=mpi_env(),
+                          cwd=REPO, capture_output=True, text=True, timeout=100)
+    line = ended_with_one_message(done, started, "during set-up: out of memory allocating 5.2 GiB "
+                                                 "(this process may use 2.9 GiB of address "
+                                                 "space: ulimit -v); use a smaller --hidden "
+                                                 "(now 200000000), --sample-size (now 30) or "
+                                                 "--exchange-buffer-mb (now 64.0), or more memory "
+                                                 "for each rank")
+    assert done.returncode == 1, line

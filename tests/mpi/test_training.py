@@ -90,7 +90,7 @@ def test_resume_matches_uninterrupted_run(toy_shards, tmp_path):
     # The record of the resumed run is the uninterrupted one's (bytes, epochs, evaluations),
     # but for times and memory, its own identity and the parts it ran in
     own = ("wall_seconds", "mean_train_epoch_seconds", "train_seconds", "eval_seconds",
-           "peak_rss_mb_per_rank", "run_id", "resumed_from", "parts")
+           "peak_rss_mb_per_rank", "rank_reports", "run_id", "resumed_from", "parts")
     final = {k: v for k, v in json.loads((more / "final.json").read_text()).items()
              if k not in own}
     assert final == {k: v for k, v in json.loads((whole / "final.json").read_text()).items()

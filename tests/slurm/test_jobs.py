@@ -27,7 +27,7 @@ JOBS = REPO / "jobs"
 VENV = REPO / ".venv"
 PY = VENV / "bin" / "python"
 # Variables the scripts read: never inherit them from the shell running pytest.
-SCRIPT_VARS = ("DATASET", "NUM_CLIENTS", "PARTITION", "SEED", "DATA_ROOT", "SHARD_DIR", "FORCE",
+SCRIPT_VARS = ("DATASET", "GRAPH", "GRAPH_NAME", "DATA_PREP_FLAGS", "NUM_CLIENTS", "PARTITION", "SEED", "DATA_ROOT", "SHARD_DIR", "FORCE",
                "RUN_DIR", "ALGO", "EPOCHS", "EXTRA_ARGS", "PREPARE", "PREP_SEED", "MPI_LAUNCHER",
                "SRUN_MPI", "MPIRUN", "VENV", "PYTHON", "DRY_RUN", "DATASETS", "REPORT_DIR",
                "CONFIGS", "TASK_ID", "SHARD_ROOT", "RUN_ROOT", "OMP_NUM_THREADS")
@@ -70,6 +70,38 @@ def test_data_prep_dry_run_prints_exact_commands(tmp_path):
         f"--data-root {tmp_path} --out {tmp_path}/shards --force",
     ]
     assert not (tmp_path / "shards").exists()
+
+
+def test_data_prep_dry_run_of_a_users_graph(tmp_path):
+    graph = tmp_path / "my-graph.npz"
+    graph.write_bytes(b"")  # a dry run only names it
+    assignment = tmp_path / "clients.npy"
+    assignment.write_bytes(b"")
+    proc = dry_run("data_prep.sbatch", GRAPH=str(graph), NUM_CLIENTS="4",
+                   PARTITION=f"file:{assignment}", DATA_PREP_FLAGS="--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert commands(proc.stdout)[-1] == (
+        f"+ {PY} -m data_prep --graph {graph} --num-clients 4 --partition file:{assignment} "
+        f"--seed 0 --out {REPO / default_shard_dir('my-graph', 4, 'file')} --quiet")
+    dirichlet = dry_run("data_prep.sbatch", GRAPH=str(graph), GRAPH_NAME="mine",
+                        PARTITION="dirichlet", DATA_PREP_FLAGS="--beta 0.5")
+    assert commands(dirichlet.stdout)[-1].endswith(
+        f"--graph {graph} --graph-name mine --num-clients 8 --partition dirichlet --seed 0 "
+        f"--out {REPO / default_shard_dir('mine', 8, 'dirichlet')} --beta 0.5")
+
+
+@pytest.mark.parametrize("variables, message", [
+    ({"GRAPH": "/nonexistent/g.npz"}, "GRAPH='/nonexistent/g.npz' does not exist: expected an "
+                                      ".npz, a .pt or an OGB folder"),
+    ({"GRAPH": "/", "DATASET": "cora"}, "DATASET='cora' and GRAPH='/' are both set"),
+    ({"DATASET": "cora", "PARTITION": "spectral"}, "PARTITION='spectral' is not one of: random "
+                                                   "label-skew metis dirichlet louvain file:PATH"),
+    ({"DATASET": "cora", "PARTITION": "file:/nonexistent/a.npy"},
+     "the assignment file '/nonexistent/a.npy' is not readable"),
+])
+def test_data_prep_job_names_a_bad_graph_or_partition(tmp_path, variables, message):
+    proc = dry_run("data_prep.sbatch", DATA_ROOT=str(tmp_path), **variables)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
 def test_data_prep_default_out_is_the_one_default_shard_directory(tmp_path):
@@ -194,8 +226,6 @@ def test_study_array_dry_run_shows_every_task(tmp_path):
 
 BAD_VARIABLES = [
     ("data_prep.sbatch", {}, "DATASET is required but not set"),
-    ("data_prep.sbatch", {"DATASET": "cora", "PARTITION": "louvain"},
-     "PARTITION='louvain' is not one of: random label-skew metis"),
     ("data_prep.sbatch", {"DATASET": "cora", "NUM_CLIENTS": "two"},
      "NUM_CLIENTS='two' is not a whole number"),
     ("data_prep.sbatch", {"DATASET": "cora", "NUM_CLIENTS": "0"}, "NUM_CLIENTS=0 must be at least 1"),

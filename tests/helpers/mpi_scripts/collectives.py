@@ -50,6 +50,8 @@ def main(out: str) -> None:
                 gathered = comm.gatherv(mine, counts if server else None)
         else:
             gathered = comm.gatherv(mine, counts if server else None)
+        check(f"gatherv {name} counted as one collective {comm.extra_counters()}",
+              comm.extra_counters() == {"collectives": 1})
         if server:
             expected = torch.cat([(10 * r + torch.arange(r + 1)).to(dtype) for r in range(size)])
             check(f"gatherv {name} values", gathered.dtype == dtype
@@ -139,6 +141,40 @@ def main(out: str) -> None:
         check("an unmapped dtype is refused", False)
     except ValueError as exc:
         check("an unmapped dtype is named", "torch.bool" in str(exc))
+
+    # groups: the client ranks by parity, ordered by descending rank; their broadcasts and
+    # allreduces counted in the world's counters too, their seconds as well
+    group = comm.split(rank % 2 if not server else -1, -rank)
+    if server:
+        check("split leaves out a negative color", group is None)
+    else:
+        members = sorted((r for r in range(1, size) if r % 2 == rank % 2), reverse=True)
+        check("split ranks by key", (group.rank, group.size) == (members.index(rank),
+                                                                  len(members)))
+        for dtype in (torch.float32, torch.float64, torch.int64):
+            item = dtype.itemsize
+            buffer = torch.full((3,), rank).to(dtype)
+            check(f"broadcast_buffer {dtype} in place",
+                  group.broadcast_buffer(buffer, root=0) is buffer
+                  and buffer.tolist() == [members[0]] * 3)
+            root = group.rank == 0
+            counted(f"broadcast_buffer {dtype}", 3 * item * (group.size - 1) if root else 0,
+                    0 if root else 3 * item)
+            total = torch.full((2,), rank).to(dtype)
+            group.allreduce_sum(total)
+            check(f"allreduce_sum {dtype}", total.tolist() == [sum(members)] * 2)
+            moved = 2 * item if group.size > 1 else 0
+            counted(f"allreduce_sum {dtype}", moved, moved)
+        group.reset_counters()
+        group.allreduce_sum(torch.zeros(4))
+        check("a group's seconds are its parent's too",
+              group.seconds == comm.seconds > 0 and group.parent is comm)
+        comm.reset_counters()
+        try:
+            group.allreduce_sum(torch.zeros((2, 2)).T)
+            check("a non-contiguous buffer is refused", False)
+        except ValueError as exc:
+            check("a non-contiguous buffer is named", "contiguous" in str(exc))
 
     # objects and errors
     check("broadcast_object", comm.broadcast_object({"a": 1} if server else None) == {"a": 1})

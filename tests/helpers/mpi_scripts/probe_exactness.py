@@ -3,10 +3,15 @@ fixed sample (no dropout); the server writes logits (global order), loss and sum
 to NPZ (sampled keys prefixed ``sampled_``, with the sampled rows' global ids).
 
     mpirun -n M+1 python tests/helpers/mpi_scripts/probe_exactness.py SHARD_DIR OUT.npz LAYERS \
-        [EXCHANGE [BUFFER_MB [DEVICE [SECURE]]]]
+        [EXCHANGE [BUFFER_MB [DEVICE [SECURE [CASES]]]]]
 
-EXCHANGE: one of mpifgl.registry.EXCHANGES (default compact); BUFFER_MB: --exchange-buffer-mb (tiny
-values force one-row chunks); DEVICE: --device (default cpu); SECURE: 1 for --secure. The sample: ``tests.helpers.exactness.fixed_sample``, the same on every rank.
+EXCHANGE: one of mpifgl.registry.EXCHANGES (default compact), or several joined by commas, each
+run in turn in this one job and written to ``variant_output(OUT, mode)`` (``MODE+secure``: that
+mode with --secure); BUFFER_MB:
+--exchange-buffer-mb (tiny values force one-row chunks); DEVICE: --device (default cpu); SECURE:
+1 for --secure; CASES: backbone_dtype keys joined by commas (default every one of
+``tests.helpers.exactness.CASES``). The sample: ``tests.helpers.exactness.fixed_sample``, the
+same on every rank.
 """
 import sys
 
@@ -19,17 +24,28 @@ from fgl_common.shard_format import read_manifest
 from mpifgl.hardware import resolve_device
 from mpifgl.methods import build_trainer
 from tests.helpers.exactness import (CASES, fixed_sample, flat_grads, gather_in_global_order,
-                                     operator_logits)
+                                     operator_logits, variant_output)
 
 
-def main(shard_dir: str, out: str, layers: int, exchange: str, buffer_mb: float, device: str,
-         secure: bool) -> None:
+def main(shard_dir: str, out: str, layers: int, exchanges: str, buffer_mb: float, device: str,
+         secure: bool, cases: str) -> None:
     comm = world()
     manifest = read_manifest(shard_dir)
     graph = ClientGraph.for_rank(shard_dir, manifest, comm.client_id)
+    chosen = [(b, d) for b, d in CASES if not cases or f"{b}_{d}" in cases.split(",")]
+    modes = exchanges.split(",")
+    for variant in modes:
+        exchange, _, masked = variant.partition("+")
+        probe(comm, manifest, graph, shard_dir, out if len(modes) == 1
+              else variant_output(out, variant), layers, exchange, buffer_mb, device,
+              secure or masked == "secure", chosen)
+
+
+def probe(comm, manifest, graph, shard_dir: str, out: str, layers: int, exchange: str,
+          buffer_mb: float, device: str, secure: bool, cases) -> None:
     samples = fixed_sample(manifest.client_sizes())
     results = {}
-    for backbone, dtype in CASES:
+    for backbone, dtype in cases:
         config = TrainConfig(shards=shard_dir, backbone=backbone, dtype=dtype, dropout=0.0,
                              sampling="none", layers=layers, hidden=16, seed=3,
                              exchange=exchange, exchange_buffer_mb=buffer_mb, secure=secure)
@@ -65,4 +81,5 @@ if __name__ == "__main__":
          sys.argv[4] if len(sys.argv) > 4 else "compact",
          float(sys.argv[5]) if len(sys.argv) > 5 else 256.0,
          sys.argv[6] if len(sys.argv) > 6 else "cpu",
-         len(sys.argv) > 7 and sys.argv[7] == "1")
+         len(sys.argv) > 7 and sys.argv[7] == "1",
+         sys.argv[8] if len(sys.argv) > 8 else "")

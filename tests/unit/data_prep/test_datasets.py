@@ -2,64 +2,13 @@
 official layouts, since the real files cannot be obtained on these machines."""
 from __future__ import annotations
 
-import gzip
-from pathlib import Path
-
 import numpy as np
 import scipy.sparse as sp
 
 from data_prep.config import PrepConfig
-from data_prep.catalog import KNOWN_DATASETS
 from data_prep.datasets import load_dataset
-
-
-N = 40
-
-
-def tiny_graph(seed: int = 0):
-    rng = np.random.default_rng(seed)
-    src = rng.integers(0, N, 120)
-    dst = rng.integers(0, N, 120)
-    return rng, src, dst
-
-
-def write_csv_gz(path: Path, rows) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(path, "wt") as handle:
-        for row in rows:
-            handle.write(",".join(str(v) for v in np.atleast_1d(row)) + "\n")
-
-
-def make_fake_ogb(data_root: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
-    spec = KNOWN_DATASETS[name]
-    rng, src, dst = tiny_graph()
-    folder = data_root / "OGB" / name.replace("-", "_")
-    raw = folder / "raw"
-    write_csv_gz(raw / "edge.csv.gz", zip(src, dst))
-    write_csv_gz(raw / "node-feat.csv.gz", rng.normal(size=(N, 3)).round(3))
-    labels = rng.integers(0, 4, N)
-    write_csv_gz(raw / "node-label.csv.gz", labels)
-    write_csv_gz(raw / "num-node-list.csv.gz", [N])
-    write_csv_gz(raw / "num-edge-list.csv.gz", [len(src)])
-    if name == "ogbn-arxiv":
-        write_csv_gz(raw / "node_year.csv.gz", rng.integers(2000, 2020, N))
-    split_dir = [p for p in spec.raw_files if "/split/" in p][0].split("/split/")[1].split("/")[0]
-    perm = rng.permutation(N)
-    for part, ids in zip(("train", "valid", "test"), (perm[:20], perm[20:30], perm[30:])):
-        write_csv_gz(folder / "split" / split_dir / f"{part}.csv.gz", sorted(ids))
-    (folder / "RELEASE_v1.txt").write_text("fake release\n")
-    return labels, perm
-
-
-def expected_edges(src, dst):
-    keep = src != dst
-    pairs = {(int(a), int(b)) for a, b in zip(src[keep], dst[keep])}
-    return pairs | {(b, a) for a, b in pairs}
-
-
-def edge_set(adjacency):
-    coo = adjacency.tocoo()
-    return set(zip(coo.row.tolist(), coo.col.tolist()))
+from tests.helpers.data_prep_fixtures import (N, edge_set, expected_edges, make_fake_ogb,
+                                              tiny_graph)
 
 
 def test_fake_ogbn_products_and_arxiv(tmp_path, isolated_cache):

@@ -4,12 +4,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from data_prep import partition
 from data_prep.config import PartitionConfig, SyntheticConfig
 from data_prep.graph import GraphData, stratified_split, seed_stream, undirected_adjacency
-from data_prep.partition import (deal_favoured_classes, equal_sizes, label_skew_partition,
-                                 partition_nodes, random_partition)
+from data_prep.partition import (check_assignment, cross_edge_fraction, deal_favoured_classes,
+                                 dirichlet_partition, equal_sizes, fedsage_assignment,
+                                 label_skew_partition, partition_nodes, random_partition,
+                                 read_assignment_file)
 from data_prep.synthetic import generate_synthetic
-
 
 
 def synthetic(nodes=4000, classes=8, avg_degree=10.0, homophily=0.8, seed=0) -> GraphData:
@@ -157,3 +159,155 @@ def test_the_loaded_graphs_classes_decide_the_label_skew_knobs():
     with pytest.raises(ValueError, match=r"--favoured-classes must be in 1\.\.2 for the 3 "
                                          r"classes of synthetic, got 3"):
         partition_nodes(graph, 2, PartitionConfig("label-skew", favoured_classes=3), seed=0)
+
+
+# -- dirichlet: FedGCN's draw --------------------------------------------------------------------
+def fedgcn_reference(labels: np.ndarray, num_classes: int, parties: int, beta: float,
+                     seed: int, least: int = 10) -> list[list[int]]:
+    """FedGCN's label_dirichlet_partition (src/utils.py) restated on numpy's global state after
+    np.random.seed(seed): per class, shuffle its nodes, draw Dirichlet shares, zero the clients
+    already holding N / parties nodes, cut; redraw until every client holds ``least``."""
+    np.random.seed(seed)
+    n = labels.shape[0]
+    smallest = 0
+    while smallest < least:
+        clients: list[list[int]] = [[] for _ in range(parties)]
+        for k in range(num_classes):
+            members = np.where(labels == k)[0]
+            np.random.shuffle(members)
+            shares = np.random.dirichlet(np.repeat(beta, parties))
+            shares = np.array([p * (len(c) < n / parties) for p, c in zip(shares, clients)])
+            shares = shares / shares.sum()
+            cuts = (np.cumsum(shares) * len(members)).astype(int)[:-1]
+            clients = [c + piece.tolist() for c, piece in zip(clients, np.split(members, cuts))]
+            smallest = min(len(c) for c in clients)
+    return clients
+
+
+def class_histograms(labels, assignment, parties, num_classes) -> np.ndarray:
+    counts = np.zeros((parties, num_classes), dtype=np.int64)
+    np.add.at(counts, (assignment, labels), 1)
+    return counts
+
+
+@pytest.mark.parametrize("beta", [1.0, 100.0, 10000.0])
+def test_dirichlet_gives_fedgcns_clients_and_their_label_imbalance(beta):
+    labels = np.random.default_rng(0).integers(0, 7, 3000)
+    assignment, draws = dirichlet_partition(labels, 8, 7, beta, 10, seed=5)
+    reference = fedgcn_reference(labels, 7, 8, beta, seed=5)
+    assert draws >= 1
+    for client, nodes in enumerate(reference):
+        assert sorted(np.flatnonzero(assignment == client).tolist()) == sorted(nodes)
+    # the statistics the issue asks about: the imbalance of the per-client class histograms
+    ours = class_histograms(labels, assignment, 8, 7)
+    shares = ours / ours.sum(axis=1, keepdims=True)
+    spread = float(np.abs(shares - np.bincount(labels) / labels.shape[0]).sum(axis=1).mean())
+    expected = {1.0: (0.5, 2.0), 100.0: (0.05, 0.3), 10000.0: (0.0, 0.06)}[beta]
+    assert expected[0] < spread < expected[1], spread
+    assert ours.sum(axis=1).min() >= 10
+
+
+def test_dirichlet_redraws_as_fedgcn_does():
+    """A minimum that the first draws miss: the same redraws, the same clients."""
+    labels = np.random.default_rng(0).integers(0, 7, 3000)
+    assignment, draws = dirichlet_partition(labels, 8, 7, 1.0, 250, seed=5)
+    assert draws > 1
+    for client, nodes in enumerate(fedgcn_reference(labels, 7, 8, 1.0, seed=5, least=250)):
+        assert sorted(np.flatnonzero(assignment == client).tolist()) == sorted(nodes)
+
+
+def test_dirichlet_through_the_config_with_its_checks():
+    graph = synthetic(nodes=600, classes=4)
+    part = partition_nodes(graph, 4, PartitionConfig("dirichlet", beta=0.5), seed=1)
+    assert part.params["beta"] == 0.5 and part.params["min_client_nodes"] == 10
+    assert part.sizes().min() >= 10
+    with pytest.raises(ValueError, match="--min-client-nodes 200 for 4 clients needs 800 nodes, "
+                                         "synthetic has 600; expected at most 150"):
+        partition_nodes(graph, 4, PartitionConfig("dirichlet", min_client_nodes=200), seed=1)
+    for beta in (0.0, -1.0):
+        with pytest.raises(ValueError, match=f"--beta must be > 0, got {beta}"):
+            PartitionConfig("dirichlet", beta=beta).validate(4)
+    with pytest.raises(ValueError, match="after 1000 draws a client still held only"):
+        dirichlet_partition(np.zeros(60, np.int64), 6, 1, 0.01, 10, seed=0)
+
+
+# -- louvain: FedSage+'s assignment of communities ----------------------------------------------
+def test_fedsage_cuts_deals_and_fixes_classes_as_its_code_does():
+    """20 nodes, 2 clients, delta 2: n/M = 10, pieces of at most 8. Community A (0..11) is cut
+    into 0..7 and 8..11, appended after B (12..15) and C (16..19). Dealt largest first: 0..7 to
+    client 0; B would reach 12 there, so client 1 takes B and C; 8..11 fits neither (8 + 4 = 12
+    on both): the smallest (client 0) takes it. Then class 0 (0..11) is missing on client 1,
+    which takes client 0's last, node 11; class 1 (12..19) on client 0 takes node 19."""
+    communities = np.repeat([0, 1, 2], [12, 4, 4])
+    y = np.repeat([0, 1], [12, 8])
+    assignment, counts = fedsage_assignment(communities, y, 2, 2, delta=2)
+    assert np.flatnonzero(assignment == 0).tolist() == list(range(11)) + [19]
+    assert counts == {"communities": 3, "pieces": 4, "pieces_to_the_smallest_client": 1,
+                      "nodes_moved_for_classes": 2}
+    # communities named in any order: the order of their first node decides
+    relabelled, _ = fedsage_assignment(np.repeat([7, 3, 5], [12, 4, 4]), y, 2, 2, delta=2)
+    np.testing.assert_array_equal(relabelled, assignment)
+
+
+def test_igraph_reads_every_undirected_edge_once_in_pieces(monkeypatch):
+    graph = synthetic(nodes=300, classes=3, avg_degree=6)
+    monkeypatch.setattr(partition, "IGRAPH_EDGE_CHUNK", 50)
+    upper = graph.adjacency.tocoo()
+    keep = upper.row < upper.col
+    assert list(partition._upper_edges(graph.adjacency)) == \
+        list(zip(upper.row[keep].tolist(), upper.col[keep].tolist()))  # row by row, in order
+
+
+def test_louvain_keeps_communities_together_and_is_seeded(monkeypatch):
+    graph = synthetic(nodes=2000, classes=8, avg_degree=10, homophily=0.95)
+    louvain = partition_nodes(graph, 4, PartitionConfig("louvain"), seed=3)
+    monkeypatch.setattr(partition, "IGRAPH_EDGE_CHUNK", 100)  # the edges in 100 pieces
+    again = partition_nodes(graph, 4, PartitionConfig("louvain"), seed=3)
+    np.testing.assert_array_equal(louvain.assignment, again.assignment)
+    random = partition_nodes(graph, 4, PartitionConfig("random"), seed=3)
+    assert cross_edge_fraction(graph.adjacency, random.assignment) > 0.7
+    assert cross_edge_fraction(graph.adjacency, louvain.assignment) < 0.3
+    sizes = louvain.sizes()
+    assert sizes.max() < 500 + 20 + 2 * 8 * 3 and sizes.min() > 0  # n/M + delta + class fix-up
+    assert louvain.params["communities"] >= 4 and louvain.params["delta"] == 20
+    assert cross_edge_fraction(graph.adjacency, louvain.assignment) == pytest.approx(
+        cross_fraction(graph, louvain.assignment))
+
+
+# -- file: the clients as given ------------------------------------------------------------------
+def test_an_assignment_file_is_read_as_npy_or_text(tmp_path):
+    parts = np.array([0, 1, 2, 1, 0])
+    np.save(tmp_path / "p.npy", parts)
+    (tmp_path / "p.txt").write_text("# client of every node\n0\n1 2\n1\n0  # last\n")
+    for name in ("p.npy", "p.txt"):
+        np.testing.assert_array_equal(read_assignment_file(tmp_path / name, 5), parts)
+    np.testing.assert_array_equal(check_assignment(parts, 3, "x"), parts)
+
+
+@pytest.mark.parametrize("content,nodes,clients,message", [
+    ("0\n1\n", 3, 2, "2 client ids, expected 3 (one per node, in node order)"),
+    ("0\n1.5\n1\n", 3, 2, "line 2 holds '1.5', expected an integer client id"),
+    ("0\n2\n1\n", 3, 2, "node 1 has client id 2, expected 0..1 (--num-clients 2)"),
+    ("0\n-1\n1\n", 3, 2, "node 1 has client id -1, expected 0..1"),
+    ("0\n0\n2\n", 3, 3, "client 1 has no node (1 of 3 clients empty), expected every client"),
+    (np.array([0.0, 1.0, 1.0]), 3, 2, "holds dtype float64, expected integer client ids"),
+    (np.array([0, 1, None], dtype=object), 3, 2, "an array of Python objects (pickled)"),
+    (np.zeros((3, 1), np.int64), 3, 2, "(3, 1) client ids, expected 3"),
+])
+def test_a_bad_assignment_file_is_named(tmp_path, capsys, content, nodes, clients, message):
+    from tests.helpers.data_prep_fixtures import SMALL_SYN, run_cli
+
+    path = tmp_path / ("p.txt" if isinstance(content, str) else "p.npy")
+    if isinstance(content, str):
+        path.write_text(content)
+    else:
+        np.save(path, content, allow_pickle=True)
+    with pytest.raises(ValueError) as raised:
+        check_assignment(read_assignment_file(path, nodes), clients, f"--partition file:{path}")
+    assert str(raised.value).startswith(f"--partition file:{path}: {message}")
+    # the command line: a graph of another size gets the length message, in one line
+    status, _, stderr = run_cli(capsys, *SMALL_SYN, "--num-clients", clients, "--partition",
+                                f"file:{path}", "--out", tmp_path / "o", "--quiet")
+    assert status == 2 and len(stderr.strip().splitlines()) == 1
+    assert stderr.startswith(f"data_prep: error: --partition file:{path}") and \
+        not (tmp_path / "o").exists()

@@ -12,6 +12,7 @@ import torch
 from mpifgl.communicator import (SERVER_RANK, Communicator, LocalComm, client_of_rank,
                                  rank_of_client)
 from tests.helpers.communicator import protocol_members
+from tests.helpers.thread_comm import ThreadWorld
 
 
 def test_the_protocol_lists_what_the_program_calls():
@@ -100,3 +101,34 @@ def test_local_comm_counts_no_traffic():
     comm.reset_counters()
     assert (comm.seconds, comm.bytes_sent, comm.bytes_received, comm.exchange_bytes_sent,
             comm.exchange_bytes_received) == (0.0, 0, 0, 0, 0)
+
+
+def test_local_comm_groups_are_of_one_rank():
+    comm = LocalComm()
+    group = comm.split(0, 5)
+    assert (group.rank, group.size) == (0, 1) and comm.split(-1, 0) is None
+    buffer = torch.ones(3)
+    assert group.broadcast_buffer(buffer, 0) is buffer and group.allreduce_sum(buffer) is buffer
+    with pytest.raises(ValueError, match="from rank 1 in a world of one rank"):
+        group.broadcast_buffer(buffer, 1)
+
+
+def test_split_groups_in_threads_count_into_their_parent():
+    """Ranks 1..4 split by parity and ordered by descending rank: each group broadcasts from
+    its rank 0 and sums; its bytes (logical payload: the root sends size - 1 copies, an
+    allreduce sends and receives its buffer) are the parent's too; rank 0 is in none."""
+    def body(comm):
+        group = comm.split(comm.rank % 2 if comm.is_client else -1, -comm.rank)
+        if group is None:
+            return None
+        value = torch.full((2,), float(comm.rank), dtype=torch.float64)
+        root = group.broadcast_buffer(value.clone(), root=0)
+        total = group.allreduce_sum(value.clone())
+        return (group.rank, group.size, root.tolist(), total.tolist(),
+                (comm.bytes_sent, comm.bytes_received))
+
+    found = ThreadWorld(5).run(body)
+    assert found[0] is None
+    assert found[3] == (0, 2, [3.0, 3.0], [4.0, 4.0], (16 + 16, 16))  # odd: 3 then 1
+    assert found[1] == (1, 2, [3.0, 3.0], [4.0, 4.0], (16, 16 + 16))
+    assert found[4][:4] == (0, 2, [4.0, 4.0], [6.0, 6.0])

@@ -32,6 +32,14 @@ def test_defaults_are_the_papers_settings():
     ("fanouts", (), "--fanouts is '', expected comma-separated integers >= 1"),
     ("boundary_p", 0.0, "--boundary-p is 0.0"),
     ("saint_coverage", -1.0, "--saint-coverage is -1.0, expected a number >= 0"),
+    ("wire_dtype", "int8", "--wire-dtype is 'int8', expected one of same, bfloat16, float16"),
+    ("llcg_local_steps", 0, "--llcg-local-steps is 0, expected an integer >= 1"),
+    ("llcg_server_steps", -1, "--llcg-server-steps is -1, expected an integer >= 0"),
+    ("llcg_server_lr", 0.0, "--llcg-server-lr is 0.0, expected a positive number"),
+    ("llcg_server_batch_size", -2, "--llcg-server-batch-size is -2, expected an integer >= 1, "
+                                   "or 0 for --batch-size"),
+    ("llcg_rho", 0.9, "--llcg-rho is 0.9, expected a number >= 1"),
+    ("llcg_seeds", "val", "--llcg-seeds is 'val', expected one of all, train"),
 ])
 def test_validation_names_flag_value_and_expectation(flag, value, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")
@@ -81,7 +89,7 @@ def test_centralized_is_full_batch_unless_sampling_is_asked_for():
                            (["--algo", "ours"], "label"), ([], "label")):
         config = parse_config(argv)
         explicit = explicit_dests(build_parser(), argv)
-        config = get_method(config.algo).with_defaults(config, explicit)
+        config = config.replace(**get_method(config.algo).default_changes(explicit))
         assert config.sampling == expected, argv
 
 
@@ -184,3 +192,35 @@ def test_help_shows_the_real_default_run_directory_name():
     pattern = r"runs/cora-ours-\d{8}-\d{6}\.\d{6}-(p\d+|j\d+(_\d+)?)$"
     assert re.match(pattern, example) and re.match(pattern, real), (example, real)
     assert "runs/<dataset>-<algo>-<date>-<time>.<microseconds>-" in text
+
+
+def test_a_16_bit_wire_needs_the_compact_exchange_and_no_masking():
+    TrainConfig(wire_dtype="bfloat16").validate()
+    for other in ({"exchange": "reduce"}, {"secure": True}):
+        with pytest.raises(ValueError, match="--wire-dtype float16 with --(exchange reduce|"
+                                             "secure): expected --exchange one of compact "
+                                             "without --secure"):
+            TrainConfig(wire_dtype="float16", **other).validate()
+
+
+def test_config_rejects_a_buffer_cap_that_is_not_positive():
+    with pytest.raises(ValueError, match="--exchange-buffer-mb is 0.0, expected a positive"):
+        TrainConfig(exchange_buffer_mb=0.0).validate()
+    assert TrainConfig().exchange == "compact"
+
+
+def test_llcg_takes_the_references_batch_and_fanout_and_one_fanout_per_layer(capsys):
+    from mpifgl import train
+    config = train.parse_args(["--algo", "llcg"], quiet=True)
+    config = config.replace(**get_method("llcg").default_changes({"algo"}))
+    assert config.batch_size == 256 and config.fanouts == (10, 10)  # the method's defaults
+    # checked with the method's defaults, before anything starts: exit 2 and one line
+    with pytest.raises(SystemExit) as stop:
+        train.parse_args(["--algo", "llcg", "--layers", "3"], quiet=False)
+    assert stop.value.code == 2
+    assert "error: --fanouts is '10,10', expected one value per layer with --algo llcg " \
+           "(--layers 3: e.g. 10,10,10)" in capsys.readouterr().err
+    assert train.parse_args(["--algo", "llcg", "--layers", "3", "--fanouts", "5,5,5"],
+                            quiet=True).fanouts == (5, 5, 5)
+    with pytest.raises(SystemExit):
+        train.parse_args(["--algo", "llcg", "--llcg-rho", "nan"], quiet=True)

@@ -1,5 +1,6 @@
 """mpifgl.graph on a tiny hand-made graph: the propagation operators equal the dense formulas
-and the cross-client plans hold exactly the cross terms."""
+and the cross-client plans hold exactly the cross terms: their rows are the non-zero rows of
+the dense terms, and a sampled plan is the transpose of the sampled cross block."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,8 +8,9 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from fgl_common.shard_format import load_client_shard, shard_filename
+from fgl_common.shard_format import load_client_shard, read_manifest, shard_filename
 from mpifgl.graph import ClientGraph, build_operator, sample_columns
+from tests.helpers.exchange import dense_terms
 from tests.helpers.graphs import Graph, write_shards
 
 # 0 - 1 - 2 - 3 - 4 and 1 - 3, node 5 isolated; clients: {0, 1, 5} and {2, 3, 4}
@@ -159,3 +161,62 @@ def test_sample_columns_and_the_servers_operator():
     op = build_operator(graph, "gcn", None, None, torch.float32, exchanged=True)
     assert op.rows.shape == (0,) and op.exchange.own_segment == -1
     assert op.exchange.segment_rows.tolist() == sizes and op.exchange.send_rows is None
+
+
+def client_graphs(shard_dir) -> list[ClientGraph]:
+    manifest = read_manifest(shard_dir)
+    return [ClientGraph.from_shard(load_client_shard(shard_dir / shard_filename(i)),
+                                   manifest.client_sizes()) for i in range(manifest.num_clients)]
+
+
+def test_plan_rows_are_the_non_zero_rows_of_the_dense_terms(toy_shards):
+    """A client's touched rows are exactly the non-zero rows of its dense terms, and an owner's
+    receive rows exactly the rows of its segment some other client's terms reach."""
+    graphs = client_graphs(toy_shards(3, seed=1))
+    rng = np.random.default_rng(0)
+    for samples in (None, [np.sort(rng.choice(g.num_nodes, g.num_nodes // 2, replace=False))
+                           for g in graphs]):
+        plans = [build_operator(g, "gcn", samples, None, torch.float64, True).exchange
+                 for g in graphs]
+        sums = 0
+        for graph, plan in zip(graphs, plans):
+            y = torch.from_numpy(rng.random((plan.send_rows.shape[1], 4)) + 0.5)
+            dense = dense_terms(plan, y).numpy()
+            assert np.flatnonzero(np.abs(dense).sum(axis=1)).tolist() == plan.touched.tolist()
+            sums = sums + (dense != 0)
+        starts = plans[0].segment_start
+        for j, plan in enumerate(plans):
+            reached = np.flatnonzero(sums[starts[j]:starts[j + 1]].any(axis=1))
+            assert reached.tolist() == plan.receive_rows.tolist()
+
+
+def test_a_sampled_plan_is_the_transpose_of_the_sampled_cross_block(toy_shards):
+    """Selected from the run's one transposed cross block, a step's plan holds the same rows,
+    entries and values in the same order as transposing that step's cross block afresh, so
+    its products are the same bits; so does the inner block's transpose (its backward)."""
+    graphs = client_graphs(toy_shards(3, seed=2))
+    rng = np.random.default_rng(3)
+    for fraction in (1.0, 0.6, 0.2, 0.0):
+        samples = [np.sort(rng.choice(g.num_nodes, int(g.num_nodes * fraction), replace=False))
+                   for g in graphs]
+        col_map, total = sample_columns(graphs[0], samples)
+        for graph, rows in zip(graphs, samples):
+            plan = build_operator(graph, "gcn", samples, None, torch.float32, True).exchange
+            fresh = graph.cross.tocsr()[rows][:, np.flatnonzero(col_map >= 0)].T.tocsr()
+            fresh.sort_indices()
+            touched = np.flatnonzero(np.diff(fresh.indptr))
+            fresh = fresh[touched]
+            arrays = plan.send_rows.arrays
+            assert plan.touched.tolist() == touched.tolist()
+            assert arrays.shape == fresh.shape
+            assert arrays.indptr.tolist() == fresh.indptr.tolist()
+            assert arrays.indices.tolist() == fresh.indices.tolist()
+            assert arrays.data.tobytes() == fresh.data.astype(np.float32).tobytes()
+            with_edge = np.flatnonzero(np.diff(graph.cross.tocsr()[rows][:, col_map >= 0].indptr))
+            assert plan.receive_rows.tolist() == with_edge.tolist()
+            inner = build_operator(graph, "gcn", samples, None, torch.float32, True).inner
+            fresh_inner = inner.forward_matrix.arrays.transpose().with_dtype(torch.float32)
+            selected = inner.transpose_matrix.arrays
+            for name in ("indptr", "indices"):
+                assert getattr(selected, name).tolist() == getattr(fresh_inner, name).tolist()
+            assert selected.data.tobytes() == fresh_inner.data.tobytes()

@@ -1,8 +1,9 @@
-"""mpifgl.optim.Adam against torch.optim.Adam: the same parameters, bit for bit."""
+"""mpifgl.optim.Adam and SGD against torch.optim.Adam and SGD: the same parameters, bit for
+bit."""
 import pytest
 import torch
 
-from mpifgl.optim import Adam
+from mpifgl.optim import SGD, Adam
 
 
 def _models(dtype):
@@ -24,11 +25,17 @@ def _loss(model, step):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("lr,weight_decay", [(0.01, 0.0), (0.1, 5e-4), (0.001, 0.01)])
 def test_adam_is_bit_identical_to_torch(dtype, lr, weight_decay):
+    assert_trains_as_torch(dtype, torch.optim.Adam, Adam, lr=lr, weight_decay=weight_decay)
+
+
+def assert_trains_as_torch(dtype, torch_optimizer, our_optimizer, **settings):
+    """25 steps of each on the same model and losses: the same parameters, bit for bit, and
+    they moved. Returns our model and optimizer."""
     reference, ours = _models(dtype)
-    torch_adam = torch.optim.Adam(reference.parameters(), lr=lr, weight_decay=weight_decay)
-    our_adam = Adam(ours.parameters(), lr=lr, weight_decay=weight_decay)
+    torch_one = torch_optimizer(reference.parameters(), **settings)
+    our_one = our_optimizer(ours.parameters(), **settings)
     for step in range(25):
-        for model, optimizer in ((reference, torch_adam), (ours, our_adam)):
+        for model, optimizer in ((reference, torch_one), (ours, our_one)):
             optimizer.zero_grad(set_to_none=False)
             _loss(model, step).backward()
             optimizer.step()
@@ -36,6 +43,7 @@ def test_adam_is_bit_identical_to_torch(dtype, lr, weight_decay):
         assert torch.equal(a, b)
     assert any(not torch.equal(a, b) for a, b in
                zip(reference.parameters(), _models(dtype)[0].parameters())), "nothing trained"
+    return ours, our_one
 
 
 def test_state_dict_round_trip_continues_identically():
@@ -68,3 +76,15 @@ def test_load_state_dict_of_another_model_is_refused():
 def test_bad_hyper_parameters_are_named():
     with pytest.raises(ValueError, match="lr -1"):
         Adam(torch.nn.Linear(2, 2).parameters(), lr=-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("lr,weight_decay", [(0.5, 5e-4), (0.1, 0.0)])
+def test_sgd_is_bit_identical_to_torch(dtype, lr, weight_decay):
+    ours, our_sgd = assert_trains_as_torch(dtype, torch.optim.SGD, SGD, lr=lr,
+                                           weight_decay=weight_decay)
+    restored = SGD(ours.parameters(), lr=lr, weight_decay=weight_decay)
+    restored.load_state_dict(our_sgd.state_dict())
+    assert restored.step_count == 25
+    with pytest.raises(ValueError, match="expected SGD's"):
+        restored.load_state_dict(Adam(ours.parameters()).state_dict())

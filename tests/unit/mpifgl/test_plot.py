@@ -31,7 +31,7 @@ def test_runs_are_drawn_over_each_other(tmp_path, capsys, monkeypatch):
     assert main([str(one), str(two), "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert capsys.readouterr().out.strip() == f"mpifgl.plot: wrote {out} (2 runs)"
-    monkeypatch.setattr(plot, "draw", lambda runs: b"drawn")  # where it goes, not what it is
+    monkeypatch.setattr(plot, "draw", lambda runs, x: b"drawn")  # where it goes, not what it is
     assert main([str(one)]) == 0 and (one / "metrics.png").read_bytes() == b"drawn"
     monkeypatch.chdir(tmp_path)
     assert main([str(one), str(two)]) == 0 and (tmp_path / "metrics.png").is_file()
@@ -40,12 +40,32 @@ def test_runs_are_drawn_over_each_other(tmp_path, capsys, monkeypatch):
 def test_from_epoch_draws_only_the_later_epochs(tmp_path, monkeypatch, capsys):
     run = fake_run(tmp_path / "a", epochs=6, ranks=2, eval_every=2)
     drawn = {}
-    monkeypatch.setattr(plot, "draw", lambda runs: drawn.update(runs) or b"drawn")
+    monkeypatch.setattr(plot, "draw", lambda runs, x: drawn.update(runs) or b"drawn")
     assert main([str(run), "--from-epoch", "4"]) == 0
     assert [r["epoch"] for r in drawn["a"]] == [4, 5, 6]
     with pytest.raises(SystemExit):
         main([str(run), "--from-epoch", "0"])
     assert "--from-epoch 0: expected an epoch >= 1" in capsys.readouterr().err
+
+
+def test_micro_f1_against_seconds(tmp_path, monkeypatch):
+    """--x seconds: each epoch at its elapsed_seconds, or at the sum of the epochs' seconds for
+    a run recorded before them; epochs left out by --from-epoch still count."""
+    old = fake_run(tmp_path / "old", epochs=4, ranks=2)
+    new = fake_run(tmp_path / "new", epochs=2, ranks=2)
+    (new / "metrics.jsonl").write_text("".join(
+        json.dumps({**json.loads(line), "elapsed_seconds": 1.5 * k}) + "\n"
+        for k, line in enumerate((new / "metrics.jsonl").read_text().splitlines(), 1)))
+    drawn = {}
+    monkeypatch.setattr(plot, "draw", lambda runs, x: drawn.update(runs, x=x) or b"drawn")
+    assert main([str(old), str(new), "--x", "seconds", "--from-epoch", "2", "--out",
+                 str(tmp_path / "both.png")]) == 0
+    assert drawn["x"] == "seconds"
+    assert plot.x_values(drawn["old"], "seconds") == pytest.approx([0.2, 0.3, 0.4])
+    assert plot.x_values(drawn["new"], "seconds") == [3.0]
+    monkeypatch.undo()  # and the real drawing of it
+    assert main([str(old), "--x", "seconds", "--out", str(tmp_path / "t.png")]) == 0
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_bytes_per_client_leave_out_the_server():
@@ -71,7 +91,7 @@ def test_a_missing_or_empty_run_is_one_line(tmp_path, capsys):
 
 def test_a_plot_never_replaces_a_file_of_a_run_or_enters_a_shard_directory(
         tmp_path, capsys, toy_shards, monkeypatch):
-    monkeypatch.setattr(plot, "draw", lambda runs: plot.PNG_SIGNATURE + b"drawn")
+    monkeypatch.setattr(plot, "draw", lambda runs, x: plot.PNG_SIGNATURE + b"drawn")
     run = fake_run(tmp_path / "run", epochs=2, ranks=3)
     (run / "config.json").write_text(json.dumps({"algo": "ours", "world_size": 3}))
     (run / "notes.txt").write_text("mine")

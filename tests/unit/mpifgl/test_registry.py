@@ -10,7 +10,7 @@ import torch
 from mpifgl.config import SECURE_ALGOS, SECURE_EXCHANGES, TrainConfig, build_parser
 from mpifgl.exchange.base import Exchange
 from mpifgl.model import GraphLayer
-from mpifgl.registry import BACKBONES, EXCHANGES, METHODS, SAMPLINGS, lookup
+from mpifgl.registry import BACKBONES, EXCHANGES, METHODS, OPTIMIZERS, SAMPLINGS, lookup
 from tests.helpers import REPO
 from tests.helpers.thread_comm import ThreadComm, ThreadWorld
 from tests.unit.test_package_arrows import loaded_at_import
@@ -26,7 +26,8 @@ def test_the_flags_offer_exactly_the_registrys_names():
     assert choices_of("backbone") == tuple(BACKBONES)
     assert choices_of("exchange") == tuple(EXCHANGES)
     assert choices_of("sampling") == tuple(SAMPLINGS)
-    assert SECURE_ALGOS == ("ours", "bns") and SECURE_EXCHANGES == ("compact",)
+    assert choices_of("optimizer") == tuple(OPTIMIZERS)
+    assert SECURE_ALGOS == ("ours", "bns", "fedgcn") and SECURE_EXCHANGES == ("compact",)
 
 
 @pytest.mark.parametrize("name", list(METHODS))
@@ -80,7 +81,7 @@ def test_lookup_names_the_flag_and_the_choices():
 def test_config_holds_no_literal_list_of_methods_or_modes():
     """The choices come from the registry: no tuple of method, backbone or exchange names is
     written in mpifgl/config.py."""
-    names = set(METHODS) | set(BACKBONES) | set(EXCHANGES) | set(SAMPLINGS)
+    names = set(METHODS) | set(BACKBONES) | set(EXCHANGES) | set(SAMPLINGS) | set(OPTIMIZERS)
     tree = ast.parse((REPO / "mpifgl" / "config.py").read_text())
     for node in ast.walk(tree):
         if isinstance(node, (ast.Tuple, ast.List)):
@@ -94,3 +95,19 @@ def test_the_model_imports_no_communication():
     assert not {m for m in loaded if m.startswith(("mpifgl.exchange", "mpifgl.secure",
                                                     "mpifgl.comm", "mpifgl.keys"))}
     assert "mpi4py" not in {m.split(".")[0] for m in loaded}
+
+
+def test_the_registry_imports_no_module_of_the_program():
+    """mpifgl.config reads the registry, so the registry names no mpifgl module, not even for
+    typing: the two would import each other."""
+    from tests.unit.test_package_arrows import imported_modules
+
+    assert not {m for m in imported_modules(REPO / "mpifgl" / "registry.py")
+                if m.split(".")[0] == "mpifgl"}
+
+
+def test_a_methods_defaults_apply_only_to_the_flags_not_given():
+    centralized = METHODS["centralized"]
+    assert centralized.default_changes(set()) == {"sampling": "none"}
+    assert centralized.default_changes({"sampling"}) == {}
+    assert METHODS["ours"].default_changes(set()) == {}

@@ -285,8 +285,8 @@ def test_a_run_never_goes_into_a_shard_directory_nor_inside_another_run(tmp_path
     shards, run = toy_shards(2), tmp_path / "run"
     (run / "inner").mkdir(parents=True)
     (run / "config.json").write_text(json.dumps({"algo": "ours", "world_size": 3}))
-    for out, why in ((shards, f"it is a shard directory of data_prep (manifest.json there); a "
-                              f"run directory must not replace or mix with it"),
+    for out, why in ((shards, "it is a shard directory of data_prep (manifest.json there); a "
+                              "run directory must not replace or mix with it"),
                      (shards / "run", f"it lies inside the shard directory {shards} of "
                                       f"data_prep"),
                      (run / "inner", f"it lies inside the run directory {run} of mpifgl.train")):

@@ -15,7 +15,7 @@ from tests.helpers.graphs import random_graph, random_parts, write_shards
 from mpifgl.graph import ClientGraph, build_operator
 from mpifgl.model import GCNLayer, OneGNNLayer
 from mpifgl.sampling import (NodeSampler, client_sample_sizes, group_counts, inclusion_probability,
-                             label_guided_distribution, node_groups)
+                             label_guided_distribution, node_groups, steps_for_sample)
 
 
 def test_q_sums_to_one_per_client_and_follows_global_frequencies():
@@ -182,3 +182,13 @@ def test_subgraph_norm_across_clients_is_one_gcn_layer_on_the_induced_subgraph(t
     with torch.no_grad():
         expected = conv(x, edge_index)
     np.testing.assert_allclose(torch.cat(outputs).numpy(), expected.numpy(), atol=1e-12)
+
+
+@pytest.mark.parametrize("n", [4, 10, 11, 13, 13752, 19717, 2449029, 10 ** 9 + 3])
+def test_default_sample_gives_four_steps(n):
+    """s = ceil(n / 4) gives exactly 4 steps for n = 4 and every n >= 10 (3 s < n). With
+    s = floor(n / 4), ogbn-products (n = 2,449,029) has n / s = 4.0000016 and gave 5."""
+    assert steps_for_sample(n, -(-n // 4)) == 4
+    assert steps_for_sample(2449029, 2449029 // 4) == 5
+    assert steps_for_sample(100, 100) == 1 and steps_for_sample(100, 30) == 4
+    assert steps_for_sample(100, 1000) == 1

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import socket
 import subprocess
 
@@ -15,6 +14,7 @@ import pytest
 from mpifgl.config import TrainConfig
 from tests.helpers import dead_pid
 from tests.helpers.graphs import random_parts, tamper_shard, write_shards
+from tests.helpers.runs import threaded_program
 from tests.helpers.thread_comm import ThreadWorld
 
 
@@ -47,23 +47,6 @@ def test_default_run_prepares_through_the_data_prep_program(tmp_path, monkeypatc
 
 
 # -- the program in-process, in one process (centralized) or in threads (ThreadWorld) -------------
-@pytest.fixture
-def program(monkeypatch, capsys):
-    """``python -m mpifgl.train ARGS`` in this process: (exit status, its stderr lines). The
-    signal handlers it installs are put back afterwards."""
-    from mpifgl import train
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def run(*argv) -> tuple[int, list[str]]:
-        capsys.readouterr()
-        status = train.main([str(a) for a in argv])
-        return status, capsys.readouterr().err.strip().splitlines()
-
-    yield run
-    for signum, handler in saved.items():
-        signal.signal(signum, handler)
-
-
 CENTRAL = ["--algo", "centralized", "--hidden", "8", "--log-every", "100"]
 
 
@@ -104,24 +87,6 @@ def test_a_resumed_run_with_history_continues_bit_for_bit(program, toy_shards, t
         return [(r["epoch"], r["loss"], r.get("test")) for r in rows]
 
     assert epochs(resumed) == epochs(straight)
-
-
-def threaded_program(argv: list, ranks: int) -> list[int]:
-    """``mpirun -n RANKS python -m mpifgl.train ARGV`` with the ranks as threads: every rank's
-    exit status."""
-    from mpifgl import train
-    from mpifgl.methods import get_method
-    argv = [str(a) for a in argv]
-    config = train.parse_args(argv, quiet=True)
-    explicit = train.explicit_dests(train.build_parser(), argv)
-    config = get_method(config.algo).with_defaults(config, explicit)
-
-    def body(comm):
-        progress = train.RankProgress(config)
-        return train.run_rank(comm, progress, lambda: train.train(config, comm, progress,
-                                                                  explicit))
-
-    return ThreadWorld(ranks).run(body)
 
 
 def test_a_resumed_secure_run_with_history_continues_bit_for_bit(toy_shards, tmp_path):
@@ -371,3 +336,44 @@ def test_a_run_never_writes_into_its_shards(program, toy_shards):
         assert status == 1 and len(lines) == 1
         assert lines[0].startswith(f"mpifgl.train: error: --out {out}: {why}"), lines
     assert {p.name: p.read_bytes() for p in shards.iterdir()} == before
+
+
+def _allocate_too_much(*args, **kwargs):
+    """A real allocation failure: far more than any address space holds."""
+    import torch
+    torch.empty(1 << 50)
+
+
+MEMORY_PHASES = [  # where memory runs out, what the line says where
+    ("mpifgl.trainer.GNN", "during set-up"),
+    ("mpifgl.trainer.Trainer.train_step", "in epoch 1 of 2, step 1 of 1"),
+    ("mpifgl.trainer.Trainer.evaluate", "in epoch 1 of 2, evaluating"),
+    ("mpifgl.trainer.Trainer.save_checkpoint", "while writing the checkpoint of epoch 1"),
+    ("mpifgl.trainer.Trainer.finish", "while writing the final outputs"),
+]
+
+
+@pytest.mark.parametrize("target,where", MEMORY_PHASES, ids=[w for _, w in MEMORY_PHASES])
+def test_running_out_of_memory_in_any_phase_is_one_line_with_what_to_change(
+        program, toy_shards, tmp_path, monkeypatch, target, where):
+    monkeypatch.setattr(target, _allocate_too_much)
+    status, lines = program(*CENTRAL, "--shards", toy_shards(2), "--out", tmp_path / "run",
+                            "--epochs", "2", "--checkpoint-every", "1")
+    assert status == 1 and len(lines) == 1, lines
+    assert lines[0].startswith(f"mpifgl.train: error {where}: out of memory allocating 4.0 PiB"
+                               ), lines[0]
+    assert "; use a smaller --hidden (now 8), or more memory for this process" in lines[0]
+    assert (tmp_path / "run").exists() == (where != "during set-up")  # a run that never started
+
+
+def test_the_placement_names_the_hosts_only_when_there_are_several():
+    import torch
+    from mpifgl.hardware import Placement
+    from mpifgl.train import describe_placements, rank_ranges
+    cpu = torch.device("cpu")
+    spread = [Placement(cpu, 1, host=h) for h in ["node1"] * 5 + ["node2"] * 3 + ["node1"]]
+    assert describe_placements(spread) == ("cpu x 9, 1 thread per rank on 2 hosts (node1: ranks "
+                                           "0-4,8, node2: ranks 5-7)")
+    together = [Placement(cpu, 2, host="vm"), Placement(cpu, 1, host="vm")]
+    assert describe_placements(together) == "cpu x 2, 1/2 threads per rank"
+    assert rank_ranges([0, 1, 2, 4, 6, 7]) == "0-2,4,6-7" and rank_ranges([3]) == "3"

@@ -76,3 +76,41 @@ def test_checkpoint_round_trip_restores_identical_state(toy_shards, tmp_path):
     assert [first.train_step() for _ in range(2)] == [second.train_step() for _ in range(2)]
     for a, b in zip(first.model.parameters(), second.model.parameters()):
         assert torch.equal(a, b)
+
+
+def test_time_to_target_is_recorded_and_survives_a_resume(toy_shards, tmp_path):
+    """--target-val-f1: the first evaluated epoch at or above it, with the seconds of training
+    and evaluation to it (the metrics' elapsed_seconds then) and the wall since the start; a
+    resumed run keeps both clocks and the epoch found before its checkpoint."""
+    run = tmp_path / "run"
+    run.mkdir()
+    trainer = make_trainer(toy_shards(2), run, epochs=6, target_val_f1=0.01,
+                           checkpoint_every=3)
+    final = trainer.run()
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    elapsed = [r["elapsed_seconds"] for r in records]
+    assert elapsed == sorted(elapsed) and all(r["wall_seconds"] >= r["elapsed_seconds"]
+                                              for r in records)
+    assert (final["target_val_micro_f1"], final["target_epoch"]) == (0.01, 1)
+    assert final["seconds_to_target"] == records[0]["elapsed_seconds"]
+    assert final["wall_seconds_to_target"] >= final["seconds_to_target"] > 0
+    resumed = make_trainer(toy_shards(2), None, epochs=6, target_val_f1=0.01)
+    resumed.load_checkpoint(load_checkpoint(run))
+    assert resumed.clock.reached == (1, final["seconds_to_target"],
+                                     final["wall_seconds_to_target"])
+    assert resumed.clock.elapsed == records[-1]["elapsed_seconds"]  # its last checkpoint
+    unreachable = make_trainer(toy_shards(2), None, target_val_f1=1.0)
+    unreachable.clock.check_target(1, 0.99)
+    assert unreachable.clock.summary(1, {})["target_epoch"] is None
+    assert make_trainer(toy_shards(2)).clock.summary(0, {})["target_val_micro_f1"] is None
+
+
+def test_the_summary_line_names_the_time_to_target():
+    from mpifgl.train import target_phrase
+    final = {"target_val_micro_f1": 0.8, "target_epoch": 12, "seconds_to_target": 3.42,
+             "wall_seconds_to_target": 5.01}
+    assert target_phrase(final) == ("; target val micro-F1 0.8000 first reached at epoch 12, "
+                                    "3.4 s of training and evaluation (5.0 s wall)")
+    assert target_phrase({**final, "target_epoch": None}) == \
+        "; target val micro-F1 0.8000 not reached"
+    assert target_phrase({"target_val_micro_f1": None}) == ""

@@ -27,6 +27,9 @@ def test_labels_are_unique_and_match_the_report_tables():
     assert label_of("centralized-sage") == "Centralized SAGE"
     assert label_of("ours-star") == "ours*" and label_of("ours-full") == "ours-full"
     assert label_of("fedavg-nc") == "FedAvg+NC (20%)"
+    assert label_of("fedgcn") == "FedGCN 2-hop (GCN)" and label_of("fedgcn-0hop", "sage") == \
+        "FedGCN 0-hop (SAGE)"
+    assert label_of("fedsage-plus") == "FedSage+ (GCN)"
     assert label_of("not-in-catalog") == "not-in-catalog"  # a plan written by an older study
 
 
@@ -46,7 +49,10 @@ def test_sections_name_catalog_methods_only():
     for section in SECTIONS:
         assert methods_of(section) and all(m in METHODS for m in methods_of(section)), section
     assert REFERENCE_METHOD in METHODS and not METHODS[REFERENCE_METHOD].distributed
-    assert methods_of("table2")[0] == "ours" and len(methods_of("table2")) == 9
+    assert methods_of("table2")[0] == "ours" and len(methods_of("table2")) == 15
+    for section in ("fig3", "fig4"):  # beside FedAvg and FedAvg+NC in the local-bias figures
+        assert {"fedavg", "fedavg-nc", "fedgcn", "fedgcn-0hop", "fedsage-plus", "llcg"} <= \
+            set(methods_of(section)), section
     assert methods_of("table5") == ("ours-full", "ours-star", "ours")
 
 

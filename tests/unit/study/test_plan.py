@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from study.__main__ import parse_config
+from study.catalog import methods_of
 from study.config import StudyConfig
 from study.plan import (RunSpec, build_plan, equal_step_epochs, estimate_seconds,
                         lr_search_plan)
@@ -28,8 +29,8 @@ def test_plan_deduplicates_and_attaches_references():
     keys = list(plan.runs)
     assert len(keys) == len(set(keys))
     ours8 = plan.runs["cora/random-m8/ours-lr0.01-e100-s0"]
-    # one run serves table 2, figure 3, figure 4 and table 4
-    assert {"table2", "fig3", "fig4", "table4"} <= set(ours8.sections)
+    # one run serves table 2, figure 3, figure 4 and table 3
+    assert {"table2", "fig3", "fig4", "table3"} <= set(ours8.sections)
     assert ours8.reference == "cora/random-m8/centralized-lr0.01-e100-s0"
     assert ours8.noise_reference == "cora/random-m8/centralized-lr0.01-e100-s1"
     same_init = plan.runs[ours8.same_init_reference].spec
@@ -67,7 +68,8 @@ def test_minibatch_baselines_get_about_as_many_steps_as_full_batch_methods():
 
 def test_plan_only_and_quick():
     plan = _plan(only=("table2",), seeds=(0,))
-    assert len(plan.runs) == 2 * 9 and all(p.sections == ["table2"] for p in plan.runs.values())
+    assert len(plan.runs) == 2 * len(methods_of("table2")) and all(p.sections == ["table2"]
+                                                                 for p in plan.runs.values())
     big = _plan(only=("table2",), datasets=("cora", "amazon-computers"), seeds=(0,),
                 dataset_epochs=(("amazon-computers", 40),))
     assert {p.spec.epochs for p in big.runs.values() if p.spec.dataset != "cora"} == {40}
@@ -75,6 +77,20 @@ def test_plan_only_and_quick():
     runs = build_plan(quick, lambda d, m: 0.01, lambda d: 100).runs
     assert {p.spec.num_clients for p in runs.values()} == {2, 3}
     assert all(p.spec.epochs == 2 for p in runs.values())
+
+
+def test_a_method_with_its_own_lr_keeps_it_and_stays_out_of_the_search():
+    """FedGCN's SGD at its reference lr 0.5: neither the study's --lr nor its Adam grid."""
+    plan = _plan(only=("table2", "fig3"), seeds=(0,))
+    assert "cora/random-m8/fedgcn-lr0.5-e100-s0" in plan.runs
+    assert "cora/random-m16/fedgcn-0hop-lr0.5-e100-s0" in plan.runs
+    assert "cora/random-m8/fedavg-lr0.01-e100-s0" in plan.runs
+    command = train_command(plan.runs["cora/random-m8/fedgcn-1hop-lr0.5-e100-s0"].spec,
+                            Path("S"), Path("R"))
+    assert command[command.index("--lr") + 1] == "0.5" and command[-2:] == ["--hops", "1"]
+    searched = {s.method for s in lr_search_plan(StudyConfig(out=Path("/tmp/x"),
+                                                             datasets=("cora",)))}
+    assert "fedavg" in searched and not searched & {"fedgcn", "fedgcn-1hop", "fedgcn-0hop"}
 
 
 def test_command_and_estimate():
