@@ -45,7 +45,8 @@ class ClientGraph:
     test_mask: np.ndarray
     degree: np.ndarray  # int64 [n_i], whole graph, no self loop
     inner: sp.csr_matrix  # A_ii [n_i, n_i]
-    cross: sp.csr_matrix  # [n_i, n] in client-ordered columns, own columns empty
+    # [n_i, n] in client-ordered columns, own columns empty (rebuilt on read once released)
+    cross: sp.csr_matrix
 
     @cached_property
     def inner_arrays(self) -> "CSRArrays":
@@ -64,9 +65,31 @@ class ClientGraph:
     def cross_transposed(self) -> "tuple[CSRArrays, np.ndarray]":
         """The transposed cross block without its empty rows, once per run: (CSR [t, n_i] of
         its rows, their client-ordered indices [t], ascending). Every sampled step selects its
-        exchange plan from it (``CrossExchangePlan.of_sample``) instead of transposing."""
+        exchange plan from it (``CrossExchangePlan.of_sample``) instead of transposing. A
+        pattern (``CSRArrays.unit``): the blocks hold 1 per edge, the scales come apart."""
         rows, touched = self.cross_arrays.transpose().without_empty_rows()
-        return rows.compact_indices(), touched
+        return rows.compact_indices().as_unit(), touched
+
+    def release_cross_block(self) -> None:
+        """Keep the cross block only as its transpose (``cross_transposed``), from which every
+        exchange plan is selected: a method that has built its plans from it drops the block
+        itself, a copy of the same entries. Read again (another method built on this graph),
+        ``cross`` is rebuilt from the transpose, the same matrix, and not kept."""
+        self.cross_transposed  # noqa: B018 - built from the block before it goes
+        self.__dict__.pop("cross_arrays", None)
+        self.__dict__.pop("cross", None)
+
+    def __getattr__(self, name: str):
+        # reached only for an attribute not found: ``cross`` after release_cross_block
+        if name != "cross" or "cross_transposed" not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        rows, touched = self.cross_transposed
+        columns = np.zeros(int(self.client_sizes.sum()) + 1, dtype=np.int64)
+        columns[touched + 1] = np.diff(rows.indptr)
+        transposed = sp.csr_matrix((np.ones(rows.nnz, dtype=np.float32), rows.indices,
+                                    np.cumsum(columns)), shape=(columns.shape[0] - 1,
+                                                                self.num_nodes))
+        return transposed.T.tocsr()  # CSC to CSR: each row's columns ascending, as loaded
 
     @property
     def num_nodes(self) -> int:

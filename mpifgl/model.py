@@ -320,29 +320,39 @@ DRAW_BLOCK = 1 << 15
 
 
 def dropout_mask(rng: np.random.Generator, shape: tuple[int, ...], p: float, dtype: type,
-                 threads: int, times: np.ndarray | None = None) -> np.ndarray:
+                 threads: int, times: np.ndarray | None = None,
+                 into_times: bool = False) -> np.ndarray:
     """0 or 1/(1-p) in ``dtype``, kept where a float32 uniform draw of ``rng`` is >= p; with
-    ``times`` (an array of ``shape``) the mask multiplied by it, in the same pass. With
+    ``times`` (an array of ``shape``) the mask multiplied by it, in the same pass, and with
+    ``into_times`` written over ``times`` itself (C-contiguous, of ``dtype``): no array of the
+    mask's size at all. With
     ``threads`` > 1 a PCG64 stream is cut into consecutive pieces (``advance``: two float32
     draws per 64-bit step), each drawn and compared on its own thread (numpy releases the GIL):
     the same numbers, and ``rng`` left in the same state, as one thread
     (tests/unit/mpifgl/test_model.py)."""
     n = math.prod(shape)
-    mask = np.empty(n, dtype=dtype)
     scale = np.dtype(dtype).type(1.0 / (1.0 - p))
-
     flat_times = None if times is None else np.ascontiguousarray(times, dtype=dtype).reshape(-1)
+    if into_times and (flat_times is None or not np.shares_memory(flat_times, times)):
+        raise ValueError(f"dropout_mask(into_times=True) needs times, a C-contiguous array of "
+                         f"{np.dtype(dtype).name}")
+    mask = flat_times if into_times else np.empty(n, dtype=dtype)
 
     def piece(generator: np.random.Generator, start: int, stop: int) -> None:
-        # in blocks that stay in cache, drawn into two small buffers: no temporary arrays of
+        # in blocks that stay in cache, drawn into small buffers: no temporary arrays of
         # the mask's size (the generator's stream is the same however its draws are split)
         draws = np.empty(min(DRAW_BLOCK, stop - start), dtype=np.float32)
         keep = np.empty(draws.shape[0], dtype=bool)
+        values = np.empty(draws.shape[0], dtype=dtype) if into_times else None
         for first in range(start, stop, DRAW_BLOCK):
             last = min(first + DRAW_BLOCK, stop)
             block = draws[:last - first]
             generator.random(out=block, dtype=np.float32)
             np.greater_equal(block, p, out=keep[:last - first])
+            if into_times:  # the same mask * times, stored over times
+                np.multiply(keep[:last - first], scale, out=values[:last - first])
+                np.multiply(values[:last - first], flat_times[first:last], out=mask[first:last])
+                continue
             np.multiply(keep[:last - first], scale, out=mask[first:last])
             if flat_times is not None:
                 np.multiply(mask[first:last], flat_times[first:last], out=mask[first:last])
@@ -380,17 +390,23 @@ def dropout_scale(z: torch.Tensor, p: float, rng: RandomStream) -> torch.Tensor 
     return keep.to(z.dtype).mul_(1.0 / (1.0 - p))
 
 
-def dropout(z: Features, p: float, rng: RandomStream) -> Features:
-    """Inverted dropout drawn from ``rng`` (``uniform_draws``)."""
+def dropout(z: Features, p: float, rng: RandomStream, in_place: bool = False) -> Features:
+    """Inverted dropout drawn from ``rng`` (``uniform_draws``). ``in_place``: z is a copy its
+    caller made for this one use, so where it takes no gradient the masked values overwrite it
+    (the same products, no second tensor of its size)."""
     if isinstance(z, SparseFeatures):
         return z.dropout(p, uniform_draws((z.nnz,), rng)) if p > 0.0 else z
     if p <= 0.0 or z.numel() == 0:
         return z
+    in_place = in_place and not z.requires_grad and z.is_contiguous()
     if isinstance(rng, np.random.Generator) and not z.requires_grad and z.device.type == "cpu":
-        # an input that takes no gradient (the features): masked in the mask's own buffer, on
-        # the rank's threads, with no second array of its size (the same products)
-        return torch.from_numpy(dropout_mask(rng, tuple(z.shape), p, numpy_dtype(z.dtype),
-                                             torch.get_num_threads(), times=z.numpy()))
+        # an input that takes no gradient (the features): masked in the mask's own buffer, or
+        # in its own, on the rank's threads, with no second array of its size (the same products)
+        masked = dropout_mask(rng, tuple(z.shape), p, numpy_dtype(z.dtype),
+                              torch.get_num_threads(), times=z.numpy(), into_times=in_place)
+        return z if in_place else torch.from_numpy(masked)
+    if in_place:
+        return z.mul_(dropout_scale(z, p, rng))
     return z * dropout_scale(z, p, rng)
 
 
@@ -412,20 +428,23 @@ class GNN(nn.Module):
             layer.reset(generator)
         self.to(dtype)
 
-    def forward(self, x: Features, op: LayerOperator,
-                rng: RandomStream | None = None) -> torch.Tensor:
+    def forward(self, x: Features, op: LayerOperator, rng: RandomStream | None = None,
+                own_input: bool = False) -> torch.Tensor:
         """x: [|S_i|, in_dim] rows of the sample; returns logits [|S_i|, out_dim].
-        Dropout applies when ``rng`` is given (training) and the model is in train mode."""
+        Dropout applies when ``rng`` is given (training) and the model is in train mode.
+        ``own_input``: x and ``op.input_aggregate`` are copies made for this one forward (a
+        sampled step's rows), so the first layer's dropout overwrites them."""
         z = x
         for k, layer in enumerate(self.layers):
-            z = self._layer(k, layer, z, op, rng if self.training else None)
+            z = self._layer(k, layer, z, op, rng if self.training else None, own_input)
             if k < len(self.layers) - 1:
                 z = torch.relu_(z)  # the layer's fresh output: its gradient needs the result only
         return z
 
     def _layer(self, k: int, layer: GraphLayer, z: Features, op: LayerOperator,
-               rng: RandomStream | None) -> torch.Tensor:
-        """Layer k on its input z, with dropout where ``rng`` is given."""
+               rng: RandomStream | None, own_input: bool = False) -> torch.Tensor:
+        """Layer k on its input z, with dropout where ``rng`` is given (in place on the first
+        layer's inputs where they are ``own_input``)."""
         if k > 0 and op.history is not None:
             past_input, past_aggregate = op.history[k - 1]
             change = z - past_input
@@ -433,12 +452,13 @@ class GNN(nn.Module):
             if mask is not None:  # one mask for the input and its change
                 z, change = z * mask, change * mask
             return layer.forward_with_history(z, change, past_aggregate, op)
+        in_place = own_input and k == 0
         if rng is not None:
-            z = dropout(z, self.dropout_p, rng)
+            z = dropout(z, self.dropout_p, rng, in_place)
         if k == 0 and op.input_aggregate is not None:
             aggregate = op.input_aggregate
             if rng is not None:  # the aggregate's own draws: it replaces the input's propagation
-                aggregate = dropout(aggregate, self.dropout_p, rng)
+                aggregate = dropout(aggregate, self.dropout_p, rng, in_place)
             return layer.forward_aggregated(z, aggregate, op)
         return layer(z, op)
 

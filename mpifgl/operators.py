@@ -122,17 +122,49 @@ def numpy_dtype(dtype: torch.dtype) -> type:
     return np.float64 if dtype == torch.float64 else np.float32
 
 
+# entries a row selection gathers at once: its int64 temporaries stay a few MB at any size
+SELECT_BLOCK_ENTRIES = 1 << 20
+# per float type, the ones every pattern matrix's values are a view of (``unit_values``)
+_UNIT_VALUES: dict[np.dtype, np.ndarray] = {}
+
+
+def unit_values(count: int, dtype) -> np.ndarray:
+    """``count`` ones of ``dtype``: the values of a pattern matrix (``CSRArrays.unit``), views
+    of one buffer per type kept by the process (replaced by a longer one when asked for more),
+    so that patterns and their selections hold no values of their own. Never written."""
+    dtype = np.dtype(dtype)
+    buffer = _UNIT_VALUES.get(dtype)
+    if buffer is None or buffer.shape[0] < count:  # doubling: few buffers stay referenced
+        size = max(count, 2 * (0 if buffer is None else buffer.shape[0]))
+        buffer = _UNIT_VALUES[dtype] = np.ones(size, dtype=dtype)
+    return buffer[:count]
+
+
+def _row_blocks(row_bounds: np.ndarray, entries: int):
+    """(first, last) ranges of consecutive rows whose entries (``row_bounds``: int64 [r+1]
+    offsets) add up to at most ``entries``; a longer row gets a range of its own."""
+    first, rows = 0, row_bounds.shape[0] - 1
+    while first < rows:
+        last = int(np.searchsorted(row_bounds, row_bounds[first] + entries, side="right")) - 1
+        last = min(rows, max(first + 1, last))
+        yield first, last
+        first = last
+
+
 @dataclass
 class CSRArrays:
     """A CSR matrix as bare index/float arrays (host). The sampled operators are rebuilt every
     step, and scipy's constructors (format checks, index-dtype choice) cost more than the slicing
     itself. Stored operators keep int32 indices where they fit (``compact_indices``): at
-    ogbn-products size the cross blocks are most of a client's memory."""
+    ogbn-products size the cross blocks are most of a client's memory. ``unit``: a pattern,
+    every value 1 (``as_unit``), its values a view of ``unit_values``, and so are those of its
+    selections, transposes and slices (the products are the same: x * 1 is x)."""
 
     indptr: np.ndarray
     indices: np.ndarray
     data: np.ndarray
     shape: tuple[int, int]
+    unit: bool = False
 
     @classmethod
     def of(cls, matrix: sp.csr_matrix) -> "CSRArrays":
@@ -153,21 +185,39 @@ class CSRArrays:
         fits = max(self.shape[0] + 1, self.shape[1], self.indices.shape[0]) < 2 ** 31
         index = np.int32 if fits else np.int64
         return CSRArrays(np.asarray(self.indptr, index), np.asarray(self.indices, index),
-                         self.data, self.shape)
+                         self.data, self.shape, self.unit)
+
+    def as_unit(self) -> "CSRArrays":
+        """The same matrix as a pattern (``unit``); ValueError if a value is not 1."""
+        if not np.all(self.data == 1):
+            raise ValueError("a pattern matrix must hold 1 in every entry")
+        return CSRArrays(self.indptr, self.indices, unit_values(self.nnz, self.data.dtype),
+                         self.shape, unit=True)
 
     def select(self, rows: np.ndarray, col_map: np.ndarray, num_cols: int) -> "CSRArrays":
-        """self[rows][:, cols] where col_map[c] = new column of c or -1 (CSR order kept)."""
+        """self[rows][:, cols] where col_map[c] = new column of c or -1 (CSR order kept), in
+        blocks of rows of about SELECT_BLOCK_ENTRIES entries: the temporaries stay bounded."""
         starts = self.indptr[rows]
         lengths = self.indptr[rows + 1] - starts
         row_bounds = offsets(lengths)
-        # positions of the selected rows' entries: starts[r] + 0..lengths[r]-1, end to end
-        position = np.arange(row_bounds[-1], dtype=np.int64) + np.repeat(starts - row_bounds[:-1],
-                                                                          lengths)
-        new_cols = col_map[self.indices[position]]
-        keep = new_cols >= 0
-        kept_before = offsets(keep)
-        return CSRArrays(kept_before[row_bounds], new_cols[keep], self.data[position[keep]],
-                         (int(rows.shape[0]), int(num_cols)))
+        kept_per_row = np.zeros(rows.shape[0], dtype=np.int64)
+        columns, values = [], []
+        for first, last in _row_blocks(row_bounds, SELECT_BLOCK_ENTRIES):
+            # positions of these rows' entries: starts[r] + 0..lengths[r]-1, end to end
+            bounds = row_bounds[first:last + 1]
+            position = np.arange(bounds[0], bounds[-1], dtype=np.int64) + np.repeat(
+                starts[first:last] - bounds[:-1], lengths[first:last])
+            new_cols = col_map[self.indices[position]]
+            keep = new_cols >= 0
+            kept_per_row[first:last] = np.diff(offsets(keep)[bounds - bounds[0]])
+            columns.append(new_cols[keep])
+            if not self.unit:
+                values.append(self.data[position[keep]])
+        indices = np.concatenate(columns) if columns else np.zeros(0, dtype=col_map.dtype)
+        data = (unit_values(indices.shape[0], self.data.dtype) if self.unit else
+                np.concatenate(values) if values else np.zeros(0, dtype=self.data.dtype))
+        return CSRArrays(offsets(kept_per_row), indices, data,
+                         (int(rows.shape[0]), int(num_cols)), self.unit)
 
     def transpose(self) -> "CSRArrays":
         """The transpose in CSR, each row's entries in ascending column order (a counting sort,
@@ -177,14 +227,17 @@ class CSRArrays:
             row_of = np.repeat(np.arange(rows, dtype=np.int64), np.diff(self.indptr))
             order = np.argsort(self.indices, kind="stable")  # within a column, rows ascending
             indptr = offsets(np.bincount(self.indices, minlength=cols))
-            return CSRArrays(indptr, row_of[order], self.data[order], (cols, rows))
+            data = self.data if self.unit else self.data[order]
+            return CSRArrays(indptr, row_of[order], data, (cols, rows), self.unit)
         index = np.promote_types(self.indptr.dtype, self.indices.dtype)
         indptr = np.empty(cols + 1, dtype=index)
         indices = np.empty(self.nnz, dtype=index)
         data = np.empty(self.nnz, dtype=self.data.dtype)
         _csr_tocsc(rows, cols, np.asarray(self.indptr, index), np.asarray(self.indices, index),
                    self.data, indptr, indices, data)
-        return CSRArrays(indptr, indices, data, (cols, rows))
+        if self.unit:  # the ones the kernel moved: the shared ones instead
+            data = unit_values(self.nnz, self.data.dtype)
+        return CSRArrays(indptr, indices, data, (cols, rows), self.unit)
 
     def without_empty_rows(self) -> "tuple[CSRArrays, np.ndarray]":
         """The rows that hold an entry, and their indices (int64, ascending); the entries are
@@ -192,17 +245,19 @@ class CSRArrays:
         kept = np.flatnonzero(np.diff(self.indptr)).astype(np.int64)
         indptr = np.concatenate([[0], self.indptr[kept + 1]]).astype(np.int64)
         return CSRArrays(indptr, self.indices, self.data,
-                         (int(kept.shape[0]), self.shape[1])), kept
+                         (int(kept.shape[0]), self.shape[1]), self.unit), kept
 
     def row_slice(self, first: int, last: int) -> "CSRArrays":
         """Rows first..last-1 (views of the arrays, no copy of the entries)."""
         start, stop = int(self.indptr[first]), int(self.indptr[last])
         return CSRArrays(self.indptr[first:last + 1] - start, self.indices[start:stop],
-                         self.data[start:stop], (last - first, self.shape[1]))
+                         self.data[start:stop], (last - first, self.shape[1]), self.unit)
 
     def with_dtype(self, dtype: torch.dtype) -> "CSRArrays":
-        return CSRArrays(self.indptr, self.indices, np.asarray(self.data, dtype=numpy_dtype(dtype)),
-                         self.shape).compact_indices()
+        values = (unit_values(self.nnz, numpy_dtype(dtype)) if self.unit
+                  else np.asarray(self.data, dtype=numpy_dtype(dtype)))
+        return CSRArrays(self.indptr, self.indices, values, self.shape,
+                         self.unit).compact_indices()
 
     def matmul_array(self, dense: np.ndarray) -> np.ndarray:
         """self @ dense for a 2-D host array of the data's dtype (the CPU backend of

@@ -76,10 +76,10 @@ def parameter_bytes(model: torch.nn.Module, optimizer: Any = None) -> int:
 
 
 def held_adjacency(graph: Any) -> list[Any]:
-    """The adjacency a ``mpifgl.graph.ClientGraph`` holds: its blocks and the CSR copies and
-    transposes it has cached so far."""
-    cached = ("inner_arrays", "cross_arrays", "inner_transposed", "cross_transposed")
-    return [graph.inner, graph.cross, [vars(graph)[name] for name in cached if name in vars(graph)]]
+    """The adjacency a ``mpifgl.graph.ClientGraph`` holds: its blocks (the cross block unless
+    released, ``release_cross_block``) and the CSR copies and transposes it has cached so far."""
+    cached = ("cross", "inner_arrays", "cross_arrays", "inner_transposed", "cross_transposed")
+    return [graph.inner, [vars(graph)[name] for name in cached if name in vars(graph)]]
 
 
 def tensor_report(features: Any, adjacency: Any, activations: int, buffers: Any,

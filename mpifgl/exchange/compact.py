@@ -16,7 +16,7 @@ from fgl_common.arrays import offsets
 from mpifgl.communicator import Communicator
 from mpifgl.exchange.base import Exchange, Routing, chunk_bounds
 from mpifgl.graph import CrossExchangePlan
-from mpifgl.operators import CSRArrays, SparseMatrix
+from mpifgl.operators import CSRArrays, SparseMatrix, unit_values
 
 SUM_MATRICES = "sum_matrices"  # Routing.extra key: the server's per-chunk sum matrices
 
@@ -113,7 +113,8 @@ def sum_matrices(routing: Routing, heads: bool = False) -> list[CSRArrays]:
     row_bounds, owner_start = routing.row_bounds, routing.owner_start
     matrices = []
     chunks = range(row_bounds.shape[0] - 1)
-    ones = np.ones(max((int(routing.gathered_rows(c).sum()) for c in chunks), default=0))
+    ones = unit_values(max((int(routing.gathered_rows(c).sum()) for c in chunks), default=0),
+                       np.float64)
     for c in chunks:
         low, rows = int(row_bounds[c]), int(row_bounds[c + 1] - row_bounds[c])
         target = np.concatenate([r[sender_bounds[j, c]:sender_bounds[j, c + 1]]
@@ -130,8 +131,8 @@ def sum_matrices(routing: Routing, heads: bool = False) -> list[CSRArrays]:
         order = _stable_order(target, per_sender, indptr)
         if with_heads:
             order = order + sender[order] + 1  # gathered rows after each sender's head row
-        matrices.append(CSRArrays(indptr, order, ones[:order.shape[0]],
-                                  (rows, columns)).compact_indices())
+        matrices.append(CSRArrays(indptr, order, ones[:order.shape[0]], (rows, columns),
+                                  unit=True).compact_indices())
     return matrices
 
 

@@ -111,6 +111,8 @@ class GNNMethod:
         self.config = config
         self.full_operator = self.prepared(build_operator(graph, config.backbone, None, None,
                                                          self.dtype, self.exchanged, self.device))
+        if self.exchanged:  # every later plan is selected from the transposed block
+            graph.release_cross_block()
         self.input_aggregate = None
         if config.exact_first_layer:
             self.input_aggregate = self.aggregate_input()
@@ -233,15 +235,19 @@ class GNNMethod:
                 [torch.zeros_like(p) for p in self.model.parameters()], 0.0)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
-        # The full-graph operator's rows are all nodes in order: no copy of the features.
-        x = self.x if operator is self.full_operator else select_rows(self.x, operator.rows)
+        # The full-graph operator's rows are all nodes in order: no copy of the features. A
+        # sample's rows are copied for this step alone, so dropout masks them in place.
+        sampled = operator is not self.full_operator
+        x = select_rows(self.x, operator.rows) if sampled else self.x
         with self.activations.measure():
-            logits = self.model(x, operator, self.setup.dropout_rng)  # L exchanges forward
+            logits = self.model(x, operator, self.setup.dropout_rng, own_input=sampled)
+            del x  # L exchanges forward; what backward needs of the input autograd holds
             train = self.train_mask[operator.rows]
             loss = F.cross_entropy(logits[train], self.setup.y[operator.rows][train],
                                    reduction="sum")
+            del logits  # the loss keeps what its gradient needs; backward runs without [k, C]
             loss = loss / max(1, global_train_rows)
-        if operator is not self.full_operator:
+        if sampled:
             self.largest_step = max(self.largest_step, (self._operator_bytes(operator),
                                                         self._exchange_buffer_bytes(operator)))
         loss.backward()  # L exchanges backward

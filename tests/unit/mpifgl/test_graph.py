@@ -133,6 +133,15 @@ def test_exchange_plan_holds_exactly_the_cross_terms(tmp_path):
         sent = plan.send_rows.matmul(torch.from_numpy(y)).numpy()
         np.testing.assert_allclose(sent, (cross.T @ y)[plan.touched])
         total[plan.touched] += sent
+        client.release_cross_block()  # plans select from the transpose: the same sums after
+        assert "cross" not in client.__dict__ and "cross_arrays" not in client.__dict__
+        rebuilt = client.cross  # read again: the same matrix, rebuilt from the transpose
+        assert rebuilt.has_sorted_indices and rebuilt.dtype == np.float32
+        np.testing.assert_array_equal(rebuilt.toarray(), cross)
+        again = build_operator(client, "1gnn", None, None, torch.float64, exchanged=True)
+        assert again.exchange.send_rows.arrays.unit
+        np.testing.assert_array_equal(again.exchange.send_rows.matmul(torch.from_numpy(y)).numpy(),
+                                      sent)
     order = merged.global_id
     adj = graph.adj.toarray()[np.ix_(order, order)]
     stacked = np.vstack(ys)

@@ -75,6 +75,30 @@ def test_in_place_evaluation_forward_equals_the_autograd_forward(merged, backbon
     assert torch.equal(in_place, with_graph.detach())
 
 
+@pytest.mark.parametrize("aggregated", [False, True], ids=["input", "input-aggregate"])
+def test_a_forward_that_owns_its_input_masks_it_in_place_with_the_same_numbers(merged,
+                                                                               aggregated):
+    """``own_input`` (a sampled step's copied rows): the first layer's dropout overwrites the
+    input and its aggregate instead of masking copies, and the logits and every gradient are
+    the same bit for bit; the stream moves alike."""
+    x = torch.from_numpy(merged.x).double()
+    results = []
+    for own_input in (False, True):
+        model = GNN("gcn", 5, 8, 3, 2, 0.4, seed=3, dtype=torch.float64)
+        op = full_operator(merged, "gcn")
+        if aggregated:
+            op.input_aggregate = x.flip(0).clone()
+        given, rng = x.clone(), np.random.default_rng(6)
+        logits = model(given, op, rng, own_input=own_input)
+        logits.square().sum().backward()
+        assert own_input == (not torch.equal(given, x))
+        results.append((logits.detach(), [p.grad for p in model.parameters()],
+                        rng.bit_generator.state))
+    (first, first_grads, first_state), (second, second_grads, second_state) = results
+    assert torch.equal(first, second) and first_state == second_state
+    assert all(torch.equal(a, b) for a, b in zip(first_grads, second_grads))
+
+
 def test_same_seed_same_weights_and_an_unknown_backbone_is_named():
     first, second = (GNN("gcn", 4, 6, 2, 2, 0.5, seed=9) for _ in range(2))
     assert all(torch.equal(a, b) for a, b in zip(first.parameters(), second.parameters()))
@@ -186,3 +210,16 @@ def test_dropout_of_an_input_without_gradient_is_masked_in_place_with_the_same_n
     assert np.array_equal(dropped.numpy(),
                           model.dropout(weights, 0.2, np.random.default_rng(9)).detach().numpy())
     assert np.array_equal(features.numpy(), x)  # the input itself is left as it was
+    # a copy made for this one use (a sampled step's rows) is masked over itself: same numbers
+    for threads in (1, 3):
+        own, plain, fused = x.copy(), np.random.default_rng(5), np.random.default_rng(5)
+        expected = x * model.dropout_mask(plain, x.shape, 0.2, dtype, threads)
+        got = model.dropout_mask(fused, x.shape, 0.2, dtype, threads, times=own, into_times=True)
+        assert np.shares_memory(got, own) and np.array_equal(own, expected)
+        assert plain.bit_generator.state == fused.bit_generator.state
+    with pytest.raises(ValueError, match="needs times, a C-contiguous array"):
+        model.dropout_mask(np.random.default_rng(5), (700, 600), 0.2, dtype, 1,
+                           times=x.T, into_times=True)
+    own = features.clone()
+    in_place = model.dropout(own, 0.2, np.random.default_rng(9), in_place=True)
+    assert in_place is own and np.array_equal(own.numpy(), dropped.numpy())

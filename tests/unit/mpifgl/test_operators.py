@@ -40,6 +40,42 @@ def test_csr_row_column_selection_and_transpose_match_scipy(scipy_kernel, monkey
     assert empty.shape == (0, cols.shape[0]) and empty.indptr.tolist() == [0]
 
 
+@pytest.mark.parametrize("block_entries", [1, 7, 1 << 20])
+def test_a_selection_in_blocks_and_of_a_pattern_is_the_whole_selection(block_entries,
+                                                                        monkeypatch):
+    """Gathered in blocks of rows (a row longer than a block gets one of its own), a selection
+    is the one-pass selection; a pattern (every value 1) keeps no values of its own: its
+    selection, transpose, row slice and dtype change stay patterns whose values are views of
+    the shared ones, with the same entries as the weighted matrix's."""
+    monkeypatch.setattr(operators, "SELECT_BLOCK_ENTRIES", block_entries)
+    rng = np.random.default_rng(3)
+    matrix = sp.random(50, 70, density=0.15, format="csr", random_state=2, dtype=np.float32)
+    rows = np.sort(rng.choice(50, size=30, replace=False))
+    col_map = np.where(rng.random(70) < 0.6, 0, -1)
+    col_map[col_map == 0] = np.arange(int((col_map == 0).sum()))
+    num_cols = int(col_map.max()) + 1
+    selected = CSRArrays.of(matrix).select(rows, col_map, num_cols)
+    expected = matrix[rows][:, np.flatnonzero(col_map >= 0)].tocsr()
+    np.testing.assert_array_equal(selected.indptr, expected.indptr)
+    np.testing.assert_array_equal(selected.indices, expected.indices)
+    np.testing.assert_array_equal(selected.data, expected.data)
+    ones = matrix.copy()
+    ones.data[:] = 1
+    with pytest.raises(ValueError, match="must hold 1 in every entry"):
+        CSRArrays.of(matrix).as_unit()
+    pattern = CSRArrays.of(ones).as_unit()
+    derived = [pattern.select(rows, col_map, num_cols), pattern.transpose(),
+               pattern.row_slice(5, 20), pattern.with_dtype(torch.float64)]
+    plain = [CSRArrays.of(ones).select(rows, col_map, num_cols), CSRArrays.of(ones).transpose(),
+             CSRArrays.of(ones).row_slice(5, 20), CSRArrays.of(ones).with_dtype(torch.float64)]
+    for got, want in zip(derived, plain):
+        assert got.unit and got.data.dtype == want.data.dtype and np.all(got.data == 1)
+        buffer = operators.unit_values(got.nnz, got.data.dtype)
+        assert got.nnz == 0 or np.shares_memory(got.data, buffer)
+        np.testing.assert_array_equal(got.indptr, want.indptr)
+        np.testing.assert_array_equal(got.indices, want.indices)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_csr_product_matches_scipy_and_its_autograd_uses_the_transpose(dtype):
     """SparseMatrix.matmul calls scipy's CSR kernel directly (no csr_matrix per call): the same
