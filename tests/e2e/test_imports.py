@@ -68,34 +68,3 @@ def probe_with(code: str, variable: str, setting: str | None) -> list[str]:
                           capture_output=True, text=True, timeout=100)
     assert done.returncode == 0, done.stderr
     return done.stdout.split()
-
-
-# After importing mpifgl, frees an 8 MB block (glibc's own rule would then raise its mapping
-# threshold to 8 MB) and prints whether a 2 MB block is still a mapping of its own (mallinfo2's
-# mapped bytes grow by it): freed, it goes back to the system instead of staying in the heap.
-MAPPING_PROBE = """
-import ctypes
-import mpifgl  # noqa: F401  (first, as in every entry point)
-import numpy as np
-
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
-
-libc = ctypes.CDLL(None)
-libc.mallinfo2.restype = MallInfo2
-big = np.ones(8 << 20, dtype=np.uint8)
-del big
-before = libc.mallinfo2().hblkhd
-block = np.ones(2 << 20, dtype=np.uint8)
-print(libc.mallinfo2().hblkhd - before >= block.nbytes)
-"""
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator only")
-@pytest.mark.parametrize("setting,mapped", [(None, True), ("67108864", False)],
-                         ids=["default", "environment"])
-def test_blocks_of_a_megabyte_and_more_are_mappings_unless_the_environment_says_otherwise(
-        setting, mapped):
-    assert probe_with(MAPPING_PROBE, "MALLOC_MMAP_THRESHOLD_", setting) == [str(mapped)]
