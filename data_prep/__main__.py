@@ -104,7 +104,8 @@ def format_summary(result: PrepResult) -> str:
         f"dataset {m['dataset']}: {m['num_nodes']:,} nodes, {m['num_edges']:,} undirected edges, "
         f"{m['num_features']} features, {m['num_classes']} classes; split {m['split_rule']} "
         f"(train/val/test {m['num_train']:,}/{m['num_val']:,}/{m['num_test']:,})",
-        *([EdgeCleaning(**m["source"]["edges"]).describe()] if "edges" in m["source"] else []),
+        *([EdgeCleaning(**m["source"]["edge_cleaning"]).describe()]
+          if "edge_cleaning" in m["source"] else []),
         f"partition {m['partition']} seed {m['seed']}"
         + (f" {m['partition_params']}" if m["partition_params"] else ""),
         f"{'client':>6} {'nodes':>10} {'inner edges':>12} {'cross edges':>12} "

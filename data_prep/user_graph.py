@@ -349,7 +349,7 @@ def graph_from_arrays(arrays: dict[str, Any], name: str, origin: str, seed: int,
     graph = GraphData(name=name, adjacency=adjacency, x=np.ascontiguousarray(x, np.float32),
                       y=y, train_mask=train, val_mask=val, test_mask=test,
                       num_classes=int(y.max()) + 1, split_rule=split_rule,
-                      source={**(source or {}), "edges": asdict(cleaning)})
+                      source={**(source or {}), "edge_cleaning": asdict(cleaning)})
     graph.check()
     return graph
 

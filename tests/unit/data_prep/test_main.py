@@ -146,3 +146,15 @@ def test_label_skew_knobs_that_make_an_iid_split_are_refused_at_start(tmp_path, 
                      "(--partition label-skew does)"])
     assert not (tmp_path / "o").exists()
 
+
+
+@pytest.mark.parametrize("size", [["--syn-avg-degree", "8"], ["--syn-edges", "2400"]],
+                         ids=["avg-degree", "edges"])
+def test_the_summary_of_a_synthetic_graph_names_no_edge_cleaning(tmp_path, capsys, size):
+    """The generator's own settings (its edge count among them) are the manifest's source; only
+    a user's graph has its edge list cleaned."""
+    argv = [*SMALL_SYN[:SMALL_SYN.index("--syn-avg-degree")], *SMALL_SYN[SMALL_SYN.index(
+        "--syn-avg-degree") + 2:], *size, "--num-clients", "2", "--out", tmp_path / "shards"]
+    status, out, err = run_cli(capsys, *argv)
+    assert status == 0, err
+    assert "wrote 2 shards" in out and "edge_index:" not in out

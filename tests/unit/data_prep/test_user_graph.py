@@ -56,7 +56,7 @@ def test_every_edge_change_is_counted():
     arrays = {"edge_index": np.array([[0, 0, 1, 2, 3], [1, 1, 0, 3, 3]]),
               "x": np.zeros((4, 1)), "y": np.zeros(4, dtype=np.int64)}
     graph = graph_from_arrays(arrays, "g", "g.npz", seed=0)
-    assert graph.source["edges"] == {"entries": 5, "self_loops_removed": 1,
+    assert graph.source["edge_cleaning"] == {"entries": 5, "self_loops_removed": 1,
                                      "duplicates_removed": 1, "reverse_edges_added": 1,
                                      "undirected_edges": 2}
     assert edge_set(graph.adjacency) == {(0, 1), (1, 0), (2, 3), (3, 2)}
