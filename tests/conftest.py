@@ -70,11 +70,12 @@ def no_subprocess_in_unmarked_tests(request, monkeypatch):
             monkeypatch.setattr(os, name, refuse)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def matplotlib_fonts() -> None:
     """matplotlib's font cache, built here on purpose, once per session, before any test's
     subprocess guard: where it was never built (a fresh HOME, CI) matplotlib runs ``fc-list``
-    the first time it draws text. Tests that draw figures use this fixture."""
+    the first time it draws text, and ``import igraph`` (data_prep's louvain) loads its font
+    manager too; so every session builds it first."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.font_manager  # noqa: F401  (loads the cache, or builds it with fc-list)
