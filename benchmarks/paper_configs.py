@@ -33,7 +33,9 @@ other finished run there (other flags, or run by hand) is renamed ``<dir>.replac
 deleted, before the new one runs. Written: WORK/paper_configs.md (the
 table: test micro-F1 at the best validation epoch, mean ± std over seeds, the paper's number,
 the lr, the best epoch, the last epoch's test micro-F1, seconds per training epoch, MB a client
-sends per epoch, peak RSS) and
+sends per epoch, peak RSS, and the time to target: the wall seconds and epoch at which the
+validation micro-F1 first reached the best of the centralized run with the same layers less one
+point, as the study sets it) and
 WORK/curves-<proxy>.png (test micro-F1 and loss per epoch, seed ``seeds[0]`` at the chosen lr).
 Asserts nothing.
 """
@@ -52,8 +54,10 @@ from benchmarks.paper_runs import (override_suffix, paper_sample_size,  # noqa: 
 from data_prep.proxies import PROXIES, proxy  # noqa: E402
 from fgl_common.cli import option  # noqa: E402
 from mpifgl.config import parse_config  # noqa: E402
+from study import rundir  # noqa: E402
 from study.catalog import METHODS, label_of  # noqa: E402
 from study.plan import LR_GRID  # noqa: E402
+from study.report import TARGET_MARGIN, time_to_target  # noqa: E402
 
 DEFAULT_METHODS = ("ours", "ours-exact1", "ours-history", "ours-star", "ours-full",
                    "centralized", "fedavg", "bns", "graphsaint")
@@ -189,6 +193,46 @@ def backbone_of(extra: list[str]) -> str:
     return parse_config(["--algo", "ours", *extra]).backbone
 
 
+def reference_of(method: str) -> str | None:
+    """The centralized full-batch method with ``method``'s layers: it sets the method's
+    time-to-accuracy target (None: the catalog has none)."""
+    def layer_flags(name: str) -> tuple[str, ...]:
+        flags = METHODS[name].flags
+        return flags[flags.index("--backbone"):][:2] if "--backbone" in flags else ()
+    return next((name for name, m in METHODS.items()
+                 if m.algo == "centralized" and layer_flags(name) == layer_flags(method)), None)
+
+
+def target_of(args: PaperConfigArgs, name: str, method: str) -> float | None:
+    """The validation micro-F1 a run of ``method`` must reach: the mean best validation
+    micro-F1 of its layers' centralized runs (at their chosen lr) less TARGET_MARGIN, as the
+    study sets it; None: those runs are missing."""
+    reference = reference_of(method)
+    lr = None if reference is None else chosen_lr(args, name, reference)
+    if lr is None:
+        return None
+    scores = [read_run(run_dir(args, name, reference, lr, s)).val for s in args.seeds]
+    scores = [v for v in scores if v is not None]
+    return statistics.mean(scores) - TARGET_MARGIN if scores else None
+
+
+def target_cell(args: PaperConfigArgs, name: str, method: str, lr: float) -> str:
+    """'412 (e 35)': mean wall seconds (training and evaluation) and epoch at which the
+    validation micro-F1 first reached the target, over the seeds that reached it."""
+    target = target_of(args, name, method)
+    if target is None:
+        return "no target"
+    reached = [time_to_target(rundir.read_metrics(run_dir(args, name, method, lr, s)), target)
+               for s in args.seeds
+               if read_run(run_dir(args, name, method, lr, s)).test is not None]
+    hits = [r for r in reached if r is not None]
+    if not hits:
+        return "not reached"
+    cell = (f"{statistics.mean(s for _, s in hits):,.0f} "
+            f"(e {statistics.mean(e for e, _ in hits):.0f})")
+    return cell if len(hits) == len(reached) else f"{cell}, {len(hits)} of {len(reached)}"
+
+
 def table(args: PaperConfigArgs, extra: list[str], backbone: str) -> str:
     """The markdown table of every proxy; ``extra``: the flags after ``--``, which every run
     took, named in the heading; ``backbone``: the one they set, named in the rows' labels."""
@@ -206,14 +250,14 @@ def table(args: PaperConfigArgs, extra: list[str], backbone: str) -> str:
                   "",
                   f"| method | {paper_heading} | measured (mean ± std) | seeds | lr | "
                   "best epoch | last epoch's test | s / training epoch | MB sent / client / epoch | "
-                  "peak RSS max rank / sum (MB) | last loss |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "peak RSS max rank / sum (MB) | last loss | s to target (epoch) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for method in args.methods:
             lr = chosen_lr(args, name, method)
             paper = PAPER_NOTE.get((spec.real, method), _num(PAPER[spec.real].get(method), 2))
             if lr is None:
                 lines.append(f"| {label_of(method, backbone)} | {paper} | not run "
-                             "| | | | | | | | |")
+                             "| | | | | | | | | |")
                 continue
             runs = [read_run(run_dir(args, name, method, lr, s)) for s in args.seeds]
             done = [r for r in runs if r.test is not None]
@@ -226,7 +270,8 @@ def table(args: PaperConfigArgs, extra: list[str], backbone: str) -> str:
                 f"{len(done)} | {lr:g} | {first.best_epoch} | {_num(first.last_test, 2, 100)} | "
                 f"{_num(first.train_seconds, 2)} | "
                 f"{_num(first.sent_mb_per_client, 0)} | {_num(first.peak_rss_max_mb, 0)} / "
-                f"{_num(first.peak_rss_sum_mb, 0)} | {_num(first.last_loss, 3)} |")
+                f"{_num(first.peak_rss_sum_mb, 0)} | {_num(first.last_loss, 3)} | "
+                f"{target_cell(args, name, method, lr)} |")
         searched = []
         for method in args.methods:
             vals = [read_run(run_dir(args, name, method, lr, args.seeds[0])) for lr in args.lrs]
@@ -234,6 +279,13 @@ def table(args: PaperConfigArgs, extra: list[str], backbone: str) -> str:
                 searched.append(f"{label_of(method, backbone)} " + ", ".join(
                     f"{lr:g}: {_num(v.val, 1, 100)} / {_num(v.test, 1, 100)}"
                     for lr, v in zip(args.lrs, vals)))
+        targets = [f"{label_of(m, backbone)} {100 * t:.2f}" for m in args.methods
+                   if m == reference_of(m) and (t := target_of(args, name, m)) is not None]
+        if targets:
+            lines += ["", f"Time to target: wall seconds (training and evaluation) and epoch of "
+                      f"the first evaluation whose validation micro-F1 reached the centralized "
+                      f"run's best with the same layers less {100 * TARGET_MARGIN:g} point: "
+                      + "; ".join(targets) + "."]
         lines += ["", "lr search, validation / test micro-F1 (%) on seed "
                   f"{args.seeds[0]}: " + "; ".join(searched), ""]
     return "\n".join(lines)

@@ -9,6 +9,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
+from mpifgl.config import TrainConfig
 from study.catalog import METHODS, REFERENCE_METHOD, algo_of, methods_of
 from study.config import StudyConfig
 
@@ -237,6 +238,9 @@ def lr_search_plan(config: StudyConfig, num_nodes: Callable[[str], int] | None =
 # (train + full-graph evaluation). The driver rescales it per method with every run measured.
 STARTUP_SECONDS = {"single": 5.0, "per_rank": 1.5}
 EPOCH_SECONDS_PER_KNODE = {"single": 0.02, "distributed": 0.05}
+# LLCG's round is K neighbour-sampled steps on every client whatever the graph's size: 8 clients
+# on cora took 720 s for 200 rounds of K = 64 (mpifgl.train's default), 0.056 s a step.
+LLCG_STEP_SECONDS = 0.056
 
 
 def estimate_seconds(spec: RunSpec, num_nodes: int) -> float:
@@ -248,5 +252,10 @@ def estimate_seconds(spec: RunSpec, num_nodes: int) -> float:
         steps = int(spec.flags[spec.flags.index("--steps-per-epoch") + 1])
     per_epoch = EPOCH_SECONDS_PER_KNODE[kind] * num_nodes / 1000 * (1 + 0.3 * (steps - 1))
     per_epoch *= 1 + 0.05 * max(0, spec.num_clients - 8) if spec.distributed else 1
+    if METHODS[spec.method].algo == "llcg":
+        flags = METHODS[spec.method].flags + spec.flags
+        local_steps = (int(flags[flags.index("--llcg-local-steps") + 1])
+                       if "--llcg-local-steps" in flags else TrainConfig.llcg_local_steps)
+        per_epoch += local_steps * LLCG_STEP_SECONDS * spec.num_clients / 8
     return startup + spec.epochs * per_epoch
 

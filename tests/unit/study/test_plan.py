@@ -3,6 +3,7 @@ rule, --quick, the training commands, the cost model and the command line."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,12 @@ def test_command_and_estimate():
     central = RunSpec("cora", "centralized", 8, "random", 0, 5, 0.01)
     assert train_command(central, Path("S"), Path("R"))[0] == sys.executable
     assert estimate_seconds(spec, 2708) > estimate_seconds(central, 2708)
+    # LLCG's rounds are K local steps each: its estimate grows with K, far above FedAvg's
+    fedavg = RunSpec("cora", "fedavg", 8, "random", 0, 200, 0.01)
+    llcg = replace(fedavg, method="llcg")
+    assert estimate_seconds(llcg, 2708) > 10 * estimate_seconds(fedavg, 2708)
+    fewer = replace(llcg, flags=("--llcg-local-steps", "8"), tag="k8")
+    assert estimate_seconds(fewer, 2708) < estimate_seconds(llcg, 2708) / 4
 
 
 def test_cli_rejects_unknown_section(capsys):

@@ -1,0 +1,54 @@
+"""paper_configs.py's time to target: each method against the centralized run with its layers,
+the target its best validation micro-F1 less one point, the seconds those of the first
+evaluation at or above it."""
+from __future__ import annotations
+
+import json
+
+from benchmarks.paper_configs import (PaperConfigArgs, reference_of, run_dir, table,
+                                      target_cell, target_of)
+
+
+def finished(out, vals, seconds_per_epoch, test=0.7):
+    """A run whose evaluations (every epoch) scored ``vals`` on validation."""
+    out.mkdir(parents=True)
+    ranks = {"compute_seconds": [seconds_per_epoch] * 9, "comm_seconds": [0.0] * 9,
+             "bytes_sent": [0] * 9, "bytes_received": [0] * 9,
+             "exchange_bytes_sent": [0] * 9, "peak_rss_mb": [100.0] * 9}
+    with open(out / "metrics.jsonl", "w") as stream:
+        for epoch, val in enumerate(vals, start=1):
+            stream.write(json.dumps({"epoch": epoch, "loss": 1.0, "per_rank": ranks,
+                                     "epoch_seconds": seconds_per_epoch,
+                                     "elapsed_seconds": epoch * seconds_per_epoch,
+                                     "val_micro_f1": val, "test_micro_f1": test}) + "\n")
+    best = max(range(len(vals)), key=vals.__getitem__)
+    (out / "final.json").write_text(json.dumps({"test_micro_f1": test, "best_epoch": best + 1,
+                                                "best_val_micro_f1": vals[best]}))
+
+
+def test_each_method_is_timed_to_the_centralized_run_with_its_layers(tmp_path):
+    assert reference_of("ours") == "centralized" and reference_of("fedavg") == "centralized"
+    assert reference_of("ours-sage") == "centralized-sage"
+    assert reference_of("centralized-sage") == "centralized-sage"
+    args = PaperConfigArgs(work=tmp_path, proxies=("products",), lrs=(0.01,), seeds=(0,),
+                           methods=("ours", "centralized", "ours-sage", "centralized-sage"),
+                           products_epochs=4)
+    finished(run_dir(args, "products", "centralized", 0.01, 0), [0.50, 0.60, 0.70, 0.70], 10.0)
+    finished(run_dir(args, "products", "ours", 0.01, 0), [0.55, 0.68, 0.69, 0.72], 3.0)
+    finished(run_dir(args, "products", "centralized-sage", 0.01, 0), [0.6, 0.8, 0.8, 0.8], 5.0)
+    finished(run_dir(args, "products", "ours-sage", 0.01, 0), [0.5, 0.6, 0.7, 0.78], 1.0)
+    assert abs(target_of(args, "products", "ours") - 0.69) < 1e-12
+    # ours first reached 0.69 at its third evaluation, 9 s in; centralized at its third, 30 s
+    assert target_cell(args, "products", "ours", 0.01) == "9 (e 3)"
+    assert target_cell(args, "products", "centralized", 0.01) == "30 (e 3)"
+    assert target_cell(args, "products", "ours-sage", 0.01) == "not reached"  # 0.78 < 0.79
+    text = table(args, [], "gcn")
+    assert "| 9 (e 3) |" in text and "| not reached |" in text
+    assert "Centralized GCN 69.00; Centralized SAGE 79.00" in text
+
+
+def test_no_target_without_the_centralized_run(tmp_path):
+    args = PaperConfigArgs(work=tmp_path, proxies=("products",), lrs=(0.01,), seeds=(0,),
+                           methods=("ours",), products_epochs=2)
+    finished(run_dir(args, "products", "ours", 0.01, 0), [0.5, 0.6], 1.0)
+    assert target_cell(args, "products", "ours", 0.01) == "no target"
