@@ -240,6 +240,8 @@ def table(args: PaperConfigArgs, extra: list[str], backbone: str) -> str:
     # every figure of the paper is with GCN layers
     paper_heading = "paper" if backbone == "gcn" else "paper (GCN layers)"
     every_run = f"; every run with {' '.join(extra)}" if extra else ""
+    if args.method_flags:  # e.g. ours:--sample-size=0 (the default sample, not the paper's s)
+        every_run += f"; besides, {', '.join(args.method_flags)}"
     for name in args.proxies:
         spec = proxy(name)
         scale = scale_of(args, name)
