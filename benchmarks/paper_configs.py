@@ -216,15 +216,14 @@ def target_of(args: PaperConfigArgs, name: str, method: str) -> float | None:
     return statistics.mean(scores) - TARGET_MARGIN if scores else None
 
 
-def target_cell(args: PaperConfigArgs, name: str, method: str, lr: float) -> str:
+def target_cell(args: PaperConfigArgs, name: str, method: str, lr: float,
+                target: float | None, finished_seeds: list[int]) -> str:
     """'412 (e 35)': mean wall seconds (training and evaluation) and epoch at which the
-    validation micro-F1 first reached the target, over the seeds that reached it."""
-    target = target_of(args, name, method)
+    validation micro-F1 first reached ``target``, over the seeds that reached it."""
     if target is None:
         return "no target"
     reached = [time_to_target(rundir.read_metrics(run_dir(args, name, method, lr, s)), target)
-               for s in args.seeds
-               if read_run(run_dir(args, name, method, lr, s)).test is not None]
+               for s in finished_seeds]
     hits = [r for r in reached if r is not None]
     if not hits:
         return "not reached"
@@ -254,6 +253,9 @@ def table(args: PaperConfigArgs, extra: list[str], backbone: str) -> str:
                   "best epoch | last epoch's test | s / training epoch | MB sent / client / epoch | "
                   "peak RSS max rank / sum (MB) | last loss | s to target (epoch) |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        # one target per centralized method the rows are timed against
+        targets = {ref: target_of(args, name, ref)
+                   for ref in {reference_of(m) for m in args.methods} - {None}}
         for method in args.methods:
             lr = chosen_lr(args, name, method)
             paper = PAPER_NOTE.get((spec.real, method), _num(PAPER[spec.real].get(method), 2))
@@ -263,6 +265,9 @@ def table(args: PaperConfigArgs, extra: list[str], backbone: str) -> str:
                 continue
             runs = [read_run(run_dir(args, name, method, lr, s)) for s in args.seeds]
             done = [r for r in runs if r.test is not None]
+            finished_seeds = [s for s, r in zip(args.seeds, runs) if r.test is not None]
+            to_target = target_cell(args, name, method, lr, targets.get(reference_of(method)),
+                                    finished_seeds)
             tests = [100 * r.test for r in done]
             spread = f" ± {statistics.stdev(tests):.2f}" if len(tests) > 1 else ""
             first = runs[0]
@@ -273,7 +278,7 @@ def table(args: PaperConfigArgs, extra: list[str], backbone: str) -> str:
                 f"{_num(first.train_seconds, 2)} | "
                 f"{_num(first.sent_mb_per_client, 0)} | {_num(first.peak_rss_max_mb, 0)} / "
                 f"{_num(first.peak_rss_sum_mb, 0)} | {_num(first.last_loss, 3)} | "
-                f"{target_cell(args, name, method, lr)} |")
+                f"{to_target} |")
         searched = []
         for method in args.methods:
             vals = [read_run(run_dir(args, name, method, lr, args.seeds[0])) for lr in args.lrs]
@@ -281,13 +286,13 @@ def table(args: PaperConfigArgs, extra: list[str], backbone: str) -> str:
                 searched.append(f"{label_of(method, backbone)} " + ", ".join(
                     f"{lr:g}: {_num(v.val, 1, 100)} / {_num(v.test, 1, 100)}"
                     for lr, v in zip(args.lrs, vals)))
-        targets = [f"{label_of(m, backbone)} {100 * t:.2f}" for m in args.methods
-                   if m == reference_of(m) and (t := target_of(args, name, m)) is not None]
-        if targets:
+        reached_by = [f"{label_of(ref, backbone)} {100 * t:.2f}" for ref, t in targets.items()
+                      if ref in args.methods and t is not None]
+        if reached_by:
             lines += ["", f"Time to target: wall seconds (training and evaluation) and epoch of "
                       f"the first evaluation whose validation micro-F1 reached the centralized "
                       f"run's best with the same layers less {100 * TARGET_MARGIN:g} point: "
-                      + "; ".join(targets) + "."]
+                      + "; ".join(sorted(reached_by)) + "."]
         lines += ["", "lr search, validation / test micro-F1 (%) on seed "
                   f"{args.seeds[0]}: " + "; ".join(searched), ""]
     return "\n".join(lines)

@@ -238,24 +238,26 @@ def lr_search_plan(config: StudyConfig, num_nodes: Callable[[str], int] | None =
 # (train + full-graph evaluation). The driver rescales it per method with every run measured.
 STARTUP_SECONDS = {"single": 5.0, "per_rank": 1.5}
 EPOCH_SECONDS_PER_KNODE = {"single": 0.02, "distributed": 0.05}
-# LLCG's round is K neighbour-sampled steps on every client whatever the graph's size: 8 clients
-# on cora took 720 s for 200 rounds of K = 64 (mpifgl.train's default), 0.056 s a step.
+# LLCG's round is K neighbour-sampled steps on every client whatever the graph's size: a cost
+# per step (8 clients), calibrated as the others (docs/experiments.md).
 LLCG_STEP_SECONDS = 0.056
+
+
+def flag_value(flags: tuple[str, ...], name: str, default: int) -> int:
+    """The integer after ``name`` in ``flags``, else ``default``."""
+    return int(flags[flags.index(name) + 1]) if name in flags else default
 
 
 def estimate_seconds(spec: RunSpec, num_nodes: int) -> float:
     kind = "distributed" if spec.distributed else "single"
     startup = STARTUP_SECONDS["single"] + (STARTUP_SECONDS["per_rank"] * spec.ranks
                                            if spec.distributed else 0.0)
-    steps = 1
-    if "--steps-per-epoch" in spec.flags:
-        steps = int(spec.flags[spec.flags.index("--steps-per-epoch") + 1])
+    steps = flag_value(spec.flags, "--steps-per-epoch", 1)
     per_epoch = EPOCH_SECONDS_PER_KNODE[kind] * num_nodes / 1000 * (1 + 0.3 * (steps - 1))
     per_epoch *= 1 + 0.05 * max(0, spec.num_clients - 8) if spec.distributed else 1
     if METHODS[spec.method].algo == "llcg":
-        flags = METHODS[spec.method].flags + spec.flags
-        local_steps = (int(flags[flags.index("--llcg-local-steps") + 1])
-                       if "--llcg-local-steps" in flags else TrainConfig.llcg_local_steps)
+        local_steps = flag_value(METHODS[spec.method].flags + spec.flags, "--llcg-local-steps",
+                                 TrainConfig.llcg_local_steps)
         per_epoch += local_steps * LLCG_STEP_SECONDS * spec.num_clients / 8
     return startup + spec.epochs * per_epoch
 

@@ -39,9 +39,11 @@ def test_each_method_is_timed_to_the_centralized_run_with_its_layers(tmp_path):
     finished(run_dir(args, "products", "ours-sage", 0.01, 0), [0.5, 0.6, 0.7, 0.78], 1.0)
     assert abs(target_of(args, "products", "ours") - 0.69) < 1e-12
     # ours first reached 0.69 at its third evaluation, 9 s in; centralized at its third, 30 s
-    assert target_cell(args, "products", "ours", 0.01) == "9 (e 3)"
-    assert target_cell(args, "products", "centralized", 0.01) == "30 (e 3)"
-    assert target_cell(args, "products", "ours-sage", 0.01) == "not reached"  # 0.78 < 0.79
+    target, sage_target = (target_of(args, "products", m) for m in ("ours", "ours-sage"))
+    assert target_cell(args, "products", "ours", 0.01, target, [0]) == "9 (e 3)"
+    assert target_cell(args, "products", "centralized", 0.01, target, [0]) == "30 (e 3)"
+    # 0.78 < 0.79
+    assert target_cell(args, "products", "ours-sage", 0.01, sage_target, [0]) == "not reached"
     text = table(args, [], "gcn")
     assert "| 9 (e 3) |" in text and "| not reached |" in text
     assert "Centralized GCN 69.00; Centralized SAGE 79.00" in text
@@ -51,4 +53,5 @@ def test_no_target_without_the_centralized_run(tmp_path):
     args = PaperConfigArgs(work=tmp_path, proxies=("products",), lrs=(0.01,), seeds=(0,),
                            methods=("ours",), products_epochs=2)
     finished(run_dir(args, "products", "ours", 0.01, 0), [0.5, 0.6], 1.0)
-    assert target_cell(args, "products", "ours", 0.01) == "no target"
+    assert target_of(args, "products", "ours") is None
+    assert "| no target |" in table(args, [], "gcn")
