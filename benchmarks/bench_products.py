@@ -4,7 +4,7 @@ synthetic graph of products size whose generator parameters make the task as har
     . .venv/bin/activate
     python benchmarks/bench_products.py --work /tmp/mpifgl-products
         [--scale 1.0] [--clients 8,16] [--methods ours,ours-full,centralized] [--epochs 3]
-        (--methods fedgcn: FedGCN 2-hop, not in the default set)
+        (--methods fedgcn,llcg: FedGCN 2-hop and LLCG, not in the default set)
         [--exchange compact] [--timeout 14400]
 
 One invocation prepares the shards (``--work``/shards-*; reused when they already hold the same
@@ -15,6 +15,8 @@ once, on the first client count's shards):
   ours-full    the same with --sampling none
   centralized  python -m mpifgl.train --algo centralized (one process, full batch)
   fedgcn       mpirun -n M+1 python -m mpifgl.train --algo fedgcn (2 hops, its defaults)
+  llcg         mpirun -n M+1 python -m mpifgl.train --algo llcg (its defaults; the server
+               loads the whole graph)
 
 each for ``--epochs`` epochs with one full-graph evaluation at the end (--eval-every = epochs).
 A run that fails (non-zero exit, OOM kill, timeout) is recorded as ``failed (exit code, its
@@ -71,7 +73,10 @@ METHODS = {"ours": [], "ours-full": ["--sampling", "none"],
            "centralized": ["--algo", "centralized"],
            # FedGCN at its reference settings (2 hops): its round's bytes are set-up traffic,
            # in the run's final.json (pretrain_bytes_*), not in the per-epoch columns
-           "fedgcn": ["--algo", "fedgcn"]}
+           "fedgcn": ["--algo", "fedgcn"],
+           # LLCG at its defaults: the server loads the whole graph (its correction steps and
+           # the full-graph evaluation), the clients their induced subgraphs
+           "llcg": ["--algo", "llcg"]}
 DEFAULT_METHODS = ("ours", "ours-full", "centralized")
 MB = 2 ** 20
 

@@ -33,6 +33,8 @@ CAGNET_ALGO = "cagnet"  # the method --replication belongs to
 AVERAGING_ALGOS = tuple(name for name, method in METHODS.items() if method.averages_models)
 ROUND_ALGOS = tuple(name for name, method in METHODS.items() if method.neighbour_round)
 HOPS = (0, 1, 2)
+# --round-norm: FedGraph's norm_type, the weights of FedGCN's round (mpifgl.methods.fedgcn)
+ROUND_NORMS = ("none", "row", "sym")
 WIRE_DTYPES = ("same", "bfloat16", "float16")
 NARROW_WIRE_EXCHANGES = tuple(name for name, entry in EXCHANGES.items() if entry.narrow_wire)
 
@@ -143,6 +145,12 @@ class TrainConfig:
                                     "the rows of (A + I) X of its nodes and of their one-hop "
                                     "neighbours (FedGCN 2-hop, the default), 1 = of its own "
                                     "nodes only, 0 = no round (FedAvg with FedGCN's settings)")
+    round_norm: str = option("none", "fedgcn: the weights of the pre-training round's sums "
+                                     "(FedGraph's norm_type, d~ = whole-graph degree + 1): none "
+                                     "= (A + I) X, FedGraph's default; row = (A + I) D~^-1 X; "
+                                     "sym = D~^-1/2 (A + I) D~^-1/2 X, for features whose "
+                                     "unweighted sums make SGD diverge (docs/algorithms.md)",
+                             ROUND_NORMS)
     nc_fraction: float = option(0.2, "fedavg-nc: fraction of one-hop cross-client neighbours each "
                                      "client collects (paper: 20%)")
     boundary_p: float = option(0.1, "bns: probability of keeping a boundary node (BNS-GCN's p)")
@@ -420,12 +428,19 @@ class TrainConfig:
         if self.hops is not None and self.algo not in ROUND_ALGOS:
             raise ValueError(f"--hops with --algo {self.algo!r}: expected --algo one of "
                              f"{', '.join(ROUND_ALGOS)} (the methods with a pre-training round)")
+        if self.round_norm != "none" and self.algo not in ROUND_ALGOS:
+            raise ValueError(f"--round-norm {self.round_norm} with --algo {self.algo!r}: "
+                             f"expected --algo one of {', '.join(ROUND_ALGOS)} (the methods "
+                             "with a pre-training round)")
         if self.algo not in ROUND_ALGOS:
             return
         hops = self.hops if self.hops is not None else METHODS[self.algo].default("hops")
         if hops not in HOPS:
             raise ValueError(f"--hops is {hops!r}, expected one of "
                              f"{', '.join(map(str, HOPS))}")
+        if hops == 0 and self.round_norm != "none":
+            raise ValueError(f"--round-norm {self.round_norm} with --hops 0: expected --hops 1 "
+                             "or 2 (at 0 hops there is no round to weight)")
         if hops > 0 and self.layers < 2:
             raise ValueError(f"--layers {self.layers} with --algo {self.algo} --hops {hops}: "
                              "expected --layers >= 2 (a linear layer on the pre-aggregated rows, "

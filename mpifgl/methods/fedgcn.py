@@ -7,6 +7,9 @@ simulates the round by handing each client the raw features of its neighbourhood
 The round (``--hops 1`` or ``2``) computes rows of R = (A + I) [X | 1]: FedGraph's default sums
 (``norm_type="none"``: the features of a node and of its neighbours, unnormalised) plus a
 column of ones, whose sum is every node's whole-graph degree with its self loop, d~ = deg + 1.
+``--round-norm`` row or sym (FedGraph's other ``norm_type`` values) weights the feature columns
+(``round_weights``): each client weights the rows it sends by its own nodes' degrees, and each
+owner its completed rows before they are relayed, so the weights need no message of their own.
 Client k's contribution to the row of a node v is the sum of the rows of its own nodes in v's
 closed neighbourhood. In two exchanges through the server (``mpifgl.exchange``'s compact
 exchange: each client sends only its non-zero rows, with their ids once, Gatherv; the server
@@ -142,10 +145,28 @@ def relay_plan(graph: ClientGraph, external: np.ndarray, dtype: torch.dtype
                              np.full(m, n, dtype=np.int64), own, receive_senders=senders)
 
 
+def round_weights(degree: np.ndarray, norm: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """FedGraph's ``norm_type`` as the weight of a row where it is sent (source) and where it is
+    summed (target), from the whole-graph ``degree`` of the client's own nodes: the weight of
+    edge u -> v is source[u] * target[v], of the self loop source[v] * target[v]. ``none``:
+    None (all 1); ``row``: 1 / d~(u) and 1 (FedGraph's edge and self weights 1 / d~); ``sym``:
+    d~^-1/2 at both ends (self 1 / d~). d~ = degree + 1."""
+    if norm == "none":
+        return None
+    tilde = degree.astype(np.float64) + 1.0
+    if norm == "row":
+        return 1.0 / tilde, np.ones_like(tilde)
+    if norm == "sym":
+        return tilde ** -0.5, tilde ** -0.5
+    raise ValueError(f"--round-norm is {norm!r}, expected none, row or sym")
+
+
 def pre_training_round(comm: Communicator, graph: ClientGraph, hops: int, dtype: torch.dtype,
-                       buffer_bytes: int, masking: SecureSession | None) -> PreAggregated | None:
+                       buffer_bytes: int, masking: SecureSession | None,
+                       norm: str = "none") -> PreAggregated | None:
     """The round (collective on every rank; the server's result is None). ``hops`` 1: the own
-    rows; 2: and the rows of the external neighbours."""
+    rows; 2: and the rows of the external neighbours. ``norm``: ``round_weights``, on the
+    feature columns only (the ones column stays the degree)."""
     width = graph.x.shape[1] + 1
     exchange = build_exchange(comm, "compact", buffer_bytes, width, dtype, masking)
     n, m = int(graph.client_sizes.sum()), graph.num_clients
@@ -162,6 +183,9 @@ def pre_training_round(comm: Communicator, graph: ClientGraph, hops: int, dtype:
     relay = relay_plan(graph, external, dtype) if hops == 2 else None
     z = np.empty((n_k, width), dtype=numpy_dtype(dtype))
     z[:, :-1], z[:, -1] = graph.x, 1.0
+    weights = round_weights(graph.degree, norm)
+    if weights is not None:
+        z[:, :-1] *= weights[0][:, None].astype(z.dtype)
     table = np.zeros((n_k + external.shape[0], width), dtype=z.dtype)
     table[:n_k] = graph.inner.astype(z.dtype) @ z + z  # the local part, (A_kk + I) Z_k
     rows = torch.from_numpy(table)
@@ -169,6 +193,8 @@ def pre_training_round(comm: Communicator, graph: ClientGraph, hops: int, dtype:
     exchange.prepare(plan)
     exchange.run(plan, torch.from_numpy(z), (ROUND, "forward", 0), rows[:n_k])
     del plan, z
+    if weights is not None:  # the own rows are complete: weighted before they are relayed
+        table[:n_k, :-1] *= weights[1][:, None].astype(table.dtype)
     vars(graph).pop("cross_transposed", None)  # the round's plan only: not kept for the run
     if relay is not None:
         exchange.prepare(relay)
@@ -322,7 +348,7 @@ class FedGCNMethod(FedAvgMethod):
             traffic = PhaseTraffic(comm)
             round_result = pre_training_round(comm, graph, hops, dtype,
                                               int(config.exchange_buffer_mb * 2 ** 20),
-                                              setup.masking)
+                                              setup.masking, config.round_norm)
             self.setup_record = traffic.record(ROUND)
         self.model = FedGCNModel(config.backbone, graph.x.shape[1], config.hidden,
                                  setup.num_classes, config.layers, config.dropout,

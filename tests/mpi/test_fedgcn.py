@@ -19,10 +19,15 @@ ROUND_KEYS = ("pretrain_bytes_sent", "pretrain_bytes_received", "pretrain_second
 
 @pytest.mark.mpi
 @pytest.mark.timeout(300)
-def test_two_hop_logits_are_the_saved_model_on_the_whole_graph(toy_graph, toy_shards, tmp_path):
+@pytest.mark.parametrize("round_norm", ["none", "sym"])
+def test_two_hop_logits_are_the_saved_model_on_the_whole_graph(toy_graph, toy_shards, tmp_path,
+                                                               round_norm):
+    """The first layer's input is the round's (A + I) X, or with --round-norm sym
+    D~^-1/2 (A + I) D~^-1/2 X."""
     run = tmp_path / "fedgcn"
     run_ok(run_mpi(4, TRAIN + ["--algo", "fedgcn", "--shards", str(toy_shards(3)), "--epochs",
-                               "3", "--dtype", "float64", "--out", str(run), *TINY], timeout=240))
+                               "3", "--dtype", "float64", "--round-norm", round_norm,
+                               "--out", str(run), *TINY], timeout=240))
     weights = check_run_dir(run, toy_graph.num_nodes, toy_graph.num_classes, 3)
     assert json.loads((run / "config.json").read_text())["hops"] == 2
     records, final = metrics(run), json.loads((run / "final.json").read_text())
@@ -32,11 +37,12 @@ def test_two_hop_logits_are_the_saved_model_on_the_whole_graph(toy_graph, toy_sh
     assert sent == final["pretrain_bytes_sent"] and received == final["pretrain_bytes_received"]
     # the server's download is every client's upload (Gatherv), once
     assert received[0] >= sum(sent[1:]) - 4096
-    # Linear on (A + I) X, ReLU, the GCN layer over the whole graph with its degrees
+    # Linear on the round's rows, ReLU, the GCN layer over the whole graph with its degrees
     adjacency = toy_graph.adj.toarray() + np.eye(toy_graph.num_nodes)
     scale = 1 / np.sqrt(adjacency.sum(axis=1))
     w = {name: value.numpy() for name, value in weights.items()}
-    hidden = np.maximum(adjacency @ toy_graph.x.astype(np.float64) @ w["first.weight"].T
+    rows = adjacency if round_norm == "none" else scale[:, None] * adjacency * scale[None, :]
+    hidden = np.maximum(rows @ toy_graph.x.astype(np.float64) @ w["first.weight"].T
                         + w["first.bias"], 0)
     expected = (scale[:, None] * adjacency * scale[None, :]) @ hidden @ \
         w["layers.0.lin.weight"].T + w["layers.0.bias"]

@@ -40,14 +40,16 @@ def client_ordered_ids(shard_dir) -> np.ndarray:
                            for j in range(manifest.num_clients)])
 
 
-def run_round(shard_dir, hops: int, dtype: torch.dtype, masked: bool, buffer_mb: float):
+def run_round(shard_dir, hops: int, dtype: torch.dtype, masked: bool, buffer_mb: float,
+              norm: str = "none"):
     """Every client's (own global ids, its rows' table, its external neighbours) by client."""
     manifest = read_manifest(shard_dir)
 
     def body(comm):
         graph = ClientGraph.for_rank(shard_dir, manifest, comm.client_id)
         session = SecureSession.agree(comm) if masked else None
-        found = pre_training_round(comm, graph, hops, dtype, int(buffer_mb * 2 ** 20), session)
+        found = pre_training_round(comm, graph, hops, dtype, int(buffer_mb * 2 ** 20), session,
+                                   norm)
         return None if found is None else (graph.global_id, found.table, found.external)
 
     world = ThreadWorld(manifest.num_clients + 1)
@@ -73,6 +75,30 @@ def test_round_rows_are_the_whole_graph_sums_of_every_row_of_c_k(toy_graph, toy_
         assert_close(table, expected[rows], TOLERANCE["float64"], f"client {k}")
         # the column of ones: whole-graph degree + 1 of every row
         assert np.array_equal(table[:, -1], adjacency[rows].sum(axis=1) + 1)
+
+
+@pytest.mark.parametrize("norm", ["row", "sym"])
+@pytest.mark.parametrize("num_clients,hops,masked", [(3, 1, False), (3, 2, False), (4, 2, False),
+                                                     (3, 2, True)])
+def test_weighted_round_rows_are_fedgraphs_norm_type_on_the_whole_graph(toy_graph, toy_shards,
+                                                                        num_clients, hops,
+                                                                        masked, norm):
+    """FedGraph's norm_type from its definition on the whole graph (d~ = degree + 1): row = the
+    edge u -> v and the self loop weighted 1 / d~(u), i.e. (A + I) D~^-1 X; sym = D~^-1/2 (A + I)
+    D~^-1/2 X; plain and through the masked sums. The ones column stays the degree."""
+    shard_dir = toy_shards(num_clients)
+    adjacency = toy_graph.adj.toarray().astype(np.float64)
+    tilde = adjacency.sum(axis=1) + 1.0
+    closed = adjacency + np.eye(toy_graph.num_nodes)
+    weighted = closed / tilde[None, :] if norm == "row" else \
+        closed / np.sqrt(tilde)[:, None] / np.sqrt(tilde)[None, :]
+    expected = weighted @ toy_graph.x.astype(np.float64)
+    global_of = client_ordered_ids(shard_dir)
+    results, _ = run_round(shard_dir, hops, torch.float64, masked, 64.0, norm)
+    for k, (own, table, external) in enumerate(results):
+        rows = np.concatenate([own, global_of[external]])
+        assert_close(table[:, :-1], expected[rows], TOLERANCE["float64"], f"client {k}")
+        assert np.array_equal(table[:, -1], tilde[rows])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -208,6 +234,11 @@ def test_fedgcns_defaults_are_the_references_and_an_explicit_flag_wins():
                                                         "fedavg-nc, fedsage-plus, fedgcn"),
     (["--algo", "fedgcn", "--optimizer", "rmsprop"], "argument --optimizer: invalid choice"),
     (["--algo", "fedgcn", "--hops", "two"], "argument --hops: invalid int value"),
+    (["--algo", "fedgcn", "--round-norm", "mean"], "argument --round-norm: invalid choice"),
+    (["--algo", "fedavg", "--round-norm", "sym"], "--round-norm sym with --algo 'fedavg': "
+                                                  "expected --algo one of fedgcn"),
+    (["--algo", "fedgcn", "--hops", "0", "--round-norm", "row"], "--round-norm row with --hops "
+                                                                 "0: expected --hops 1 or 2"),
 ])
 def test_each_bad_flag_is_a_clear_error_at_start(argv, message, capsys):
     with pytest.raises(SystemExit) as stopped:
