@@ -33,7 +33,7 @@ CAGNET_ALGO = "cagnet"  # the method --replication belongs to
 AVERAGING_ALGOS = tuple(name for name, method in METHODS.items() if method.averages_models)
 ROUND_ALGOS = tuple(name for name, method in METHODS.items() if method.neighbour_round)
 HOPS = (0, 1, 2)
-# --round-norm: FedGraph's norm_type, the weights of FedGCN's round (mpifgl.methods.fedgcn)
+# --round-norm: FedGraph's norm_type; the weights are mpifgl.methods.fedgcn.round_weights
 ROUND_NORMS = ("none", "row", "sym")
 WIRE_DTYPES = ("same", "bfloat16", "float16")
 NARROW_WIRE_EXCHANGES = tuple(name for name, entry in EXCHANGES.items() if entry.narrow_wire)

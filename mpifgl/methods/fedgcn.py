@@ -83,6 +83,7 @@ import torch
 from torch import nn
 
 from mpifgl.communicator import Communicator
+from mpifgl.config import ROUND_NORMS
 from mpifgl.exchange import build_exchange
 from mpifgl.graph import ClientGraph, CrossExchangePlan, build_operator
 from mpifgl.methods.fedavg import FedAvgMethod, client_weight, local_graph
@@ -151,14 +152,14 @@ def round_weights(degree: np.ndarray, norm: str) -> tuple[np.ndarray, np.ndarray
     edge u -> v is source[u] * target[v], of the self loop source[v] * target[v]. ``none``:
     None (all 1); ``row``: 1 / d~(u) and 1 (FedGraph's edge and self weights 1 / d~); ``sym``:
     d~^-1/2 at both ends (self 1 / d~). d~ = degree + 1."""
+    if norm not in ROUND_NORMS:
+        raise ValueError(f"--round-norm is {norm!r}, expected one of {', '.join(ROUND_NORMS)}")
     if norm == "none":
         return None
     tilde = degree.astype(np.float64) + 1.0
     if norm == "row":
         return 1.0 / tilde, np.ones_like(tilde)
-    if norm == "sym":
-        return tilde ** -0.5, tilde ** -0.5
-    raise ValueError(f"--round-norm is {norm!r}, expected none, row or sym")
+    return tilde ** -0.5, tilde ** -0.5  # sym
 
 
 def pre_training_round(comm: Communicator, graph: ClientGraph, hops: int, dtype: torch.dtype,
@@ -183,7 +184,7 @@ def pre_training_round(comm: Communicator, graph: ClientGraph, hops: int, dtype:
     relay = relay_plan(graph, external, dtype) if hops == 2 else None
     z = np.empty((n_k, width), dtype=numpy_dtype(dtype))
     z[:, :-1], z[:, -1] = graph.x, 1.0
-    weights = round_weights(graph.degree, norm)
+    weights = round_weights(graph.degree, norm)  # (source, target) per own node, or None
     if weights is not None:
         z[:, :-1] *= weights[0][:, None].astype(z.dtype)
     table = np.zeros((n_k + external.shape[0], width), dtype=z.dtype)
