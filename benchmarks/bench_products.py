@@ -4,7 +4,8 @@ synthetic graph of products size whose generator parameters make the task as har
     . .venv/bin/activate
     python benchmarks/bench_products.py --work /tmp/mpifgl-products
         [--scale 1.0] [--clients 8,16] [--methods ours,ours-full,centralized] [--epochs 3]
-        (--methods fedgcn,llcg: FedGCN 2-hop and LLCG, not in the default set)
+        (--methods fedgcn,llcg,fedsage-plus: FedGCN 2-hop, LLCG and FedSage+, not in the
+        default set)
         [--exchange compact] [--timeout 14400]
 
 One invocation prepares the shards (``--work``/shards-*; reused when they already hold the same
@@ -17,6 +18,8 @@ once, on the first client count's shards):
   fedgcn       mpirun -n M+1 python -m mpifgl.train --algo fedgcn (2 hops, its defaults)
   llcg         mpirun -n M+1 python -m mpifgl.train --algo llcg (its defaults; the server
                loads the whole graph)
+  fedsage-plus mpirun -n M+1 python -m mpifgl.train --algo fedsage-plus (its defaults:
+               NeighGen at set-up, then FedAvg on the mended local graphs)
 
 each for ``--epochs`` epochs with one full-graph evaluation at the end (--eval-every = epochs).
 A run that fails (non-zero exit, OOM kill, timeout) is recorded as ``failed (exit code, its
@@ -76,7 +79,10 @@ METHODS = {"ours": [], "ours-full": ["--sampling", "none"],
            "fedgcn": ["--algo", "fedgcn"],
            # LLCG at its defaults: the server loads the whole graph (its correction steps and
            # the full-graph evaluation), the clients their induced subgraphs
-           "llcg": ["--algo", "llcg"]}
+           "llcg": ["--algo", "llcg"],
+           # FedSage+ at its defaults: NeighGen's two phases at set-up (their bytes in
+           # final.json's setup_bytes), then FedAvg on the mended graphs
+           "fedsage-plus": ["--algo", "fedsage-plus"]}
 DEFAULT_METHODS = ("ours", "ours-full", "centralized")
 MB = 2 ** 20
 

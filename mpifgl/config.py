@@ -209,10 +209,11 @@ class TrainConfig:
                                                  "losses, the other clients' included")
     neighgen_class_weight: float = option(1.0, "fedsage-plus: weight of the cross-entropy of "
                                                "NeighGen's classifier on the mended impaired graph")
-    neighgen_chunk_rows: int = option(4096, "fedsage-plus: fGen runs in chunks of this many rows, "
-                                            "recomputed in the backward pass, so its widest "
-                                            "layer is never held for every node at once "
-                                            "(memory only; 0: all rows at once)")
+    neighgen_chunk_rows: int = option(4096, "fedsage-plus: fGen runs in chunks of at most this "
+                                            "many rows and 64 MB of generated rows, recomputed "
+                                            "in the backward pass, so its widest layers are "
+                                            "never held for every node at once (memory only; "
+                                            "0: all rows at once)")
     llcg_local_steps: int = option(64, "llcg: K, neighbour-sampled Adam steps per client per "
                                        "round (one round per epoch; the reference's K = 64)")
     llcg_server_steps: int = option(1, "llcg: S, the server's correction steps per round on "

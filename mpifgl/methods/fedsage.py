@@ -53,6 +53,7 @@ then restores the classifier and its optimizers from the checkpoint.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -176,6 +177,7 @@ class NeighGenClient:
         self.y = on_device(graph.y[self.impaired.kept]).to(torch.int64)
         self.missing_count = on_device(self.impaired.missing_count).to(torch.int64)
         self.true_count = self.missing_count.clamp(max=self.num_pred)
+        self.targets = on_device(self.impaired.targets)
         self.missing_x = on_device(self.impaired.missing_x).to(self.dtype)
         shape = NeighGenShape(graph.x.shape[1], setup.num_classes, config.neighgen_hidden,
                               config.neighgen_latent, tuple(config.neighgen_generator_widths),
@@ -199,7 +201,9 @@ class NeighGenClient:
         """SmoothL1 of the count, greedy loss and cross-entropy, on the training nodes."""
         t = self.train
         count = F.smooth_l1_loss(predicted[t], self.missing_count[t].to(self.dtype))
-        feature = greedy_loss(generated[t], self.missing_x[t], slots[t], self.true_count[t])
+        g = self.targets  # the training nodes with hidden neighbours: the others' terms are 0
+        feature = greedy_loss(generated[g], self.missing_x, slots[g], self.true_count[g],
+                              num_nodes=int(t.shape[0]))
         scores = self.model.classify(self.x, generated, mended, rng)
         classify = F.cross_entropy(scores[t], self.y[t])
         return count, feature, classify
@@ -294,7 +298,7 @@ class NeighGenClient:
         z, predicted = model.encode(self.x, self.operator, None)
         slots = slot_counts(predicted, self.num_pred, self.rounding)
         node, slot = slot_rows(slots.cpu().numpy())
-        step = self.config.neighgen_chunk_rows or max(1, z.shape[0])
+        step = model.features.chunk_size(z.shape[0], self.config.neighgen_chunk_rows)
         pieces = []
         for start in range(0, z.shape[0], step):  # only the attached rows are kept
             generated = model.features(z[start:start + step], self.rng)
@@ -326,6 +330,10 @@ class FedSagePlusMethod(FedAvgMethod):
         comm, config = setup.comm, setup.config
         if setup.global_split_counts["train"] == 0:
             raise ValueError(f"--algo {config.algo} needs training nodes: the shards have none")
+        if comm.is_server:  # the set-up can take long: say what it does, then each fGen epoch
+            log.info("FedSage+ set-up: NeighGen trains %d local epochs on every client, then %d "
+                     "federated epochs of fGen", config.neighgen_epochs,
+                     config.neighgen_fed_epochs)
         client = NeighGenClient(setup) if comm.is_client else None
         local = client.train_locally() if client else Losses()
         before = _traffic(comm)
@@ -352,7 +360,8 @@ class FedSagePlusMethod(FedAvgMethod):
             return losses, (0, 0)
         sent, groups = (client.start_federated() if client else
                         (np.zeros((0, 2), np.int64), np.zeros((0, 2), np.int64)))
-        for _ in range(setup.config.neighgen_fed_epochs):
+        start, epochs = time.perf_counter(), setup.config.neighgen_fed_epochs
+        for epoch in range(epochs):
             generated = client.generate() if client else None
             rows = (client.sent_rows(generated, sent).detach().cpu() if client
                     else torch.zeros((0, width), dtype=setup.dtype))
@@ -361,6 +370,10 @@ class FedSagePlusMethod(FedAvgMethod):
                        if comm.num_clients > 1 else torch.zeros((rows.shape[0], width + 1)))
             if client:
                 losses = client.federated_step(generated, sent, answers, comm.num_clients)
+            if comm.is_server:  # its first exchange waits for every client's local epochs
+                log.info("FedSage+ set-up: federated fGen epoch %d/%d exchanged, %.1f s after "
+                         "the server's start of the phase", epoch + 1, epochs,
+                         time.perf_counter() - start)
         return losses, (sent.shape[0], groups.shape[0])
 
     @staticmethod

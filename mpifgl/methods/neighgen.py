@@ -57,8 +57,13 @@ class ImpairedGraph:
     kept: np.ndarray  # int64 [n-]: local ids in G_i of G_i^-'s nodes, ascending
     adjacency: sp.csr_matrix  # [n-, n-] 0/1: A_i among the kept nodes
     missing_count: np.ndarray  # int64 [n-]: hidden neighbours of each kept node (n_v)
-    missing_x: np.ndarray  # [n-, K, F]: features of the first min(K, n_v) hidden neighbours, 0 after
     train: np.ndarray  # int64: positions in ``kept`` of the training nodes
+    # the greedy loss's nodes: positions in ``kept`` of the training nodes with n_v > 0 (the
+    # other nodes' terms are 0), and [len(targets), K, F] the features of the first min(K, n_v)
+    # of their hidden neighbours, 0 after (a row for every node would be N K F values, the
+    # size of all generated rows)
+    targets: np.ndarray
+    missing_x: np.ndarray
     num_hidden: int  # nodes hidden from G_i
 
 
@@ -88,8 +93,9 @@ def impair(adjacency: sp.csr_matrix, x: np.ndarray, train: np.ndarray, candidate
            portion: float, num_pred: int, rng: np.random.Generator) -> ImpairedGraph:
     """Hide int(portion * |candidates|) candidate nodes drawn uniformly without replacement
     (the reference's ``wn_hide_subj``) with their edges; targets of every kept node: its count
-    of hidden neighbours and the features of the first ``num_pred`` of them (ascending local
-    id; the reference takes them in its set's order), zero-padded."""
+    of hidden neighbours; of every kept training node with one: the features of the first
+    ``num_pred`` of them (ascending local id; the reference takes them in its set's order),
+    zero-padded."""
     n = adjacency.shape[0]
     pattern = binary_adjacency(adjacency)
     pool = np.flatnonzero(candidates)
@@ -101,14 +107,15 @@ def impair(adjacency: sp.csr_matrix, x: np.ndarray, train: np.ndarray, candidate
     to_hidden = rows[:, hidden].tocsr()
     to_hidden.sort_indices()
     count = np.diff(to_hidden.indptr).astype(np.int64)
-    slot = np.arange(num_pred)
-    valid = slot[None, :] < count[:, None]  # [n-, K]
-    position = to_hidden.indptr[:-1, None] + slot[None, :]
-    missing_x = np.zeros((kept.shape[0], num_pred, x.shape[1]), dtype=x.dtype)
-    missing_x[valid] = x[hidden[to_hidden.indices[position[valid]]]]
     train_positions = np.flatnonzero(train[kept]).astype(np.int64)
-    return ImpairedGraph(kept, rows[:, kept].tocsr(), count, missing_x, train_positions,
-                         int(hidden.shape[0]))
+    targets = train_positions[count[train_positions] > 0]
+    slot = np.arange(num_pred)
+    valid = slot[None, :] < count[targets, None]  # [T, K]
+    position = to_hidden.indptr[targets, None] + slot[None, :]
+    missing_x = np.zeros((targets.shape[0], num_pred, x.shape[1]), dtype=x.dtype)
+    missing_x[valid] = x[hidden[to_hidden.indices[position[valid]]]]
+    return ImpairedGraph(kept, rows[:, kept].tocsr(), count, train_positions, targets,
+                         missing_x, int(hidden.shape[0]))
 
 
 def row_normalised(adjacency: sp.csr_matrix) -> sp.csr_matrix:
@@ -175,12 +182,15 @@ def greedy_slot_losses(generated: torch.Tensor, true: torch.Tensor, slots: torch
 
 
 def greedy_loss(generated: torch.Tensor, true: torch.Tensor, slots: torch.Tensor,
-                true_count: torch.Tensor) -> torch.Tensor:
-    """The reference's value: the counted slots' least MSEs summed over B nodes x K slots."""
-    if generated.shape[0] == 0:
+                true_count: torch.Tensor, num_nodes: int | None = None) -> torch.Tensor:
+    """The reference's value: the counted slots' least MSEs summed, over B nodes x K slots.
+    ``num_nodes``: B when the rows given are only those of the B nodes with a term (default:
+    the rows given)."""
+    nodes = generated.shape[0] if num_nodes is None else num_nodes
+    if generated.shape[0] == 0 or nodes == 0:
         return generated.sum() * 0.0
     return greedy_slot_losses(generated, true, slots, true_count).sum() / (
-        generated.shape[0] * generated.shape[1])
+        nodes * generated.shape[1])
 
 
 # -- the model -----------------------------------------------------------------------------------
@@ -229,11 +239,17 @@ class RowNormalisedGCN(nn.Module):
         return torch.relu(operator @ (hidden @ self.w2) + self.b2)
 
 
+# A chunk's generated rows: K F decides how many rows that is (a 4,096-row chunk of Coauthor CS's
+# F = 6,805 would be 557 MB, the size of all its rows on a client).
+CHUNK_BYTES = 64 * 2 ** 20
+
+
 class FeatureGenerator(nn.Module):
     """fGen: z + N(0, 1) -> widths (ReLU each) -> dropout -> K F, tanh; [N, K, F]. In training,
-    above ``chunk_rows`` rows the hidden layers run in chunks whose activations are recomputed
-    in the backward pass (the 2048-wide layer of N rows is the largest tensor NeighGen has);
-    each chunk's dropout comes from its own seed, so the recomputation draws the same mask."""
+    above one chunk (``chunk_rows`` rows, and at most ``CHUNK_BYTES`` of generated rows) the
+    rows are written chunk by chunk into one output and recomputed in the backward pass, so
+    neither the 2048-wide layer nor tanh's saved output is held for every node; each chunk's
+    dropout comes from its own seed, so the recomputation draws the same mask."""
 
     def __init__(self, latent: int, widths: tuple[int, ...], num_pred: int, num_features: int,
                  dropout_p: float, generator: torch.Generator, dtype: torch.dtype):
@@ -243,6 +259,13 @@ class FeatureGenerator(nn.Module):
                                     for k in range(len(widths)))
         self.out = Linear(sizes[-1], num_pred * num_features, generator, dtype)
         self.num_pred, self.num_features, self.dropout_p = num_pred, num_features, dropout_p
+
+    def chunk_size(self, n: int, chunk_rows: int) -> int:
+        """Rows per chunk: ``chunk_rows`` and no more than CHUNK_BYTES of output (0: all n)."""
+        if chunk_rows <= 0:
+            return max(1, n)
+        row_bytes = self.out.weight.shape[0] * self.out.weight.element_size()
+        return max(1, min(chunk_rows, CHUNK_BYTES // row_bytes))
 
     def _rows(self, h: torch.Tensor, seed: int) -> torch.Tensor:
         for layer in self.hidden:
@@ -255,43 +278,53 @@ class FeatureGenerator(nn.Module):
         noise = torch.randn(z.shape, generator=rng, dtype=z.dtype, device=z.device)
         h = z + noise
         n = h.shape[0]
-        step = chunk_rows if chunk_rows > 0 else max(1, n)
-        pieces = []
-        for start in range(0, n, step):
-            seed = int(torch.randint(0, 2 ** 62, (1,), generator=rng, device=rng.device))
-            rows = h[start:start + step]
-            if self.training and torch.is_grad_enabled() and n > step:
-                pieces.append(_Recomputed.apply(self, seed, rows, *self.parameters()))
-            else:
-                pieces.append(self._rows(rows, seed))
-        flat = torch.cat(pieces) if pieces else h.new_zeros((0, self.out.weight.shape[0]))
+        step = self.chunk_size(n, chunk_rows)
+        seeds = tuple(int(torch.randint(0, 2 ** 62, (1,), generator=rng, device=rng.device))
+                      for _ in range(0, n, step))
+        if self.training and torch.is_grad_enabled() and n > step:
+            flat = _Recomputed.apply(self, step, seeds, h, *self.parameters())
+        elif n <= step:
+            flat = (self._rows(h, seeds[0]) if n else
+                    h.new_zeros((0, self.out.weight.shape[0])))
+        else:
+            flat = torch.cat([self._rows(h[k * step:(k + 1) * step], seed)
+                              for k, seed in enumerate(seeds)])
         return flat.view(n, self.num_pred, self.num_features)
 
 
 class _Recomputed(torch.autograd.Function):
-    """fGen's rows of one chunk, its activations dropped after the forward pass and recomputed
-    (same seed, same dropout) in the backward pass. torch.utils.checkpoint does the same, but
-    its first call loads torch's compiler stack, which costs a process far more than this."""
+    """fGen's rows, chunk by chunk into one output, no activation kept: the backward pass
+    recomputes each chunk (same seed, same dropout) and back-propagates it at once, the
+    parameters' gradients accumulating into their ``.grad`` as in torch.utils.checkpoint's
+    reentrant form (whose first call loads torch's compiler stack, which costs a process far
+    more than this). The parameters are inputs only so that the output requires a gradient."""
 
     @staticmethod
-    def forward(ctx, generator: "FeatureGenerator", seed: int, rows: torch.Tensor,
-                *parameters: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        ctx.generator, ctx.seed = generator, seed
-        ctx.save_for_backward(rows, *parameters)
+    def forward(ctx, generator: "FeatureGenerator", step: int, seeds: tuple[int, ...],
+                rows: torch.Tensor, *parameters: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.generator, ctx.step, ctx.seeds = generator, step, seeds
+        ctx.save_for_backward(rows)
+        out = rows.new_empty((rows.shape[0], generator.out.weight.shape[0]))
         with torch.no_grad():
-            return generator._rows(rows, seed)
+            for k, seed in enumerate(seeds):
+                out[k * step:(k + 1) * step] = generator._rows(rows[k * step:(k + 1) * step], seed)
+        return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        rows, *parameters = ctx.saved_tensors
-        with torch.enable_grad():
-            leaf = rows.detach().requires_grad_(rows.requires_grad)
-            out = ctx.generator._rows(leaf, ctx.seed)
-            inputs = ([leaf] if rows.requires_grad else []) + list(parameters)
-            # a scalar's gradient: explicit output gradients load sympy on first use
-            grads = list(torch.autograd.grad((out * grad).sum(), inputs, allow_unused=True))
-        row_grad = grads.pop(0) if rows.requires_grad else None
-        return (None, None, row_grad, *grads)
+        (rows,) = ctx.saved_tensors
+        step = ctx.step
+        row_grad = torch.zeros_like(rows) if ctx.needs_input_grad[3] else None
+        for k, seed in enumerate(ctx.seeds):
+            part = slice(k * step, (k + 1) * step)
+            with torch.enable_grad():
+                leaf = rows[part].detach().requires_grad_(row_grad is not None)
+                out = ctx.generator._rows(leaf, seed)
+                # a scalar's gradient: explicit output gradients load sympy on first use
+                (out * grad[part]).sum().backward()
+            if row_grad is not None:
+                row_grad[part] = leaf.grad
+        return (None, None, None, row_grad) + (None,) * (len(ctx.needs_input_grad) - 4)
 
 
 @dataclass(frozen=True)

@@ -139,12 +139,13 @@ def test_chunked_generator_recomputes_the_same_dropout_in_the_backward_pass(toy_
     client = NeighGenClient(toy_setup(toy_shards))
     generator = client.model.features
     generator.train()
-    z = torch.randn(client.x.shape[0], 128, dtype=torch.float64)
+    z = torch.randn(client.x.shape[0], 128, dtype=torch.float64, requires_grad=True)
     state = client.rng.get_state()
     checkpointed = generator(z, client.rng, 7)
     checkpointed.square().sum().backward()
-    recomputed = [p.grad.clone() for p in generator.parameters()]
+    recomputed = [p.grad.clone() for p in generator.parameters()] + [z.grad.clone()]
     generator.zero_grad()
+    z.grad = None
     client.rng.set_state(state)  # the same draws, every chunk kept
     noise = torch.randn(z.shape, generator=client.rng, dtype=z.dtype)
     pieces = []
@@ -154,7 +155,7 @@ def test_chunked_generator_recomputes_the_same_dropout_in_the_backward_pass(toy_
     kept = torch.cat(pieces).view_as(checkpointed)
     kept.square().sum().backward()
     assert z.shape[0] > 7 and torch.equal(checkpointed.detach(), kept.detach())
-    for a, p in zip(recomputed, generator.parameters()):
+    for a, p in zip(recomputed, list(generator.parameters()) + [z]):
         assert torch.allclose(a, p.grad, atol=1e-12, rtol=0)
 
 

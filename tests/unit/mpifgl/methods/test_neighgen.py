@@ -9,8 +9,9 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
-from mpifgl.methods.neighgen import (greedy_loss, hide_candidates, impair, mended_adjacency,
-                                     row_normalised, slot_counts, slot_rows)
+from mpifgl.methods.neighgen import (CHUNK_BYTES, FeatureGenerator, greedy_loss, hide_candidates,
+                                     impair, mended_adjacency, row_normalised, slot_counts,
+                                     slot_rows)
 
 
 def reference_greedy_loss(pred_feats, true_feats, pred_missing, true_missing, num_pred,
@@ -113,18 +114,24 @@ def test_impaired_graph_and_targets_on_a_hand_made_graph():
     assert impaired.adjacency.toarray().tolist() == [[0, 1, 1, 0], [1, 0, 0, 0], [1, 0, 0, 0],
                                                      [0, 0, 0, 0]]
     assert impaired.missing_count.tolist() == [1, 1, 1, 1]  # each kept node lost one neighbour
-    assert np.array_equal(impaired.missing_x[0], [x[1], [0, 0]])  # node 0 misses node 1
-    assert np.array_equal(impaired.missing_x[1], [x[1], [0, 0]])  # node 2 misses node 1
-    assert np.array_equal(impaired.missing_x[2], [x[4], [0, 0]])  # node 3 misses node 4
-    assert np.array_equal(impaired.missing_x[3], [x[4], [0, 0]])
     assert impaired.train.tolist() == [0]
+    # targets for the training nodes with a hidden neighbour only: node 0 misses node 1
+    assert impaired.targets.tolist() == [0] and impaired.missing_x.shape == (1, 2, 2)
+    assert np.array_equal(impaired.missing_x[0], [x[1], [0, 0]])
+    # every node a training node: each kept node's first hidden neighbour, zero-padded
+    everyone = impair(adjacency, x, np.ones(6, bool), hide_candidates(train, val, test, "val"),
+                      1.0, 2, np.random.default_rng(0))
+    assert everyone.targets.tolist() == [0, 1, 2, 3]
+    assert np.array_equal(everyone.missing_x[1], [x[1], [0, 0]])  # node 2 misses node 1
+    assert np.array_equal(everyone.missing_x[2], [x[4], [0, 0]])  # node 3 misses node 4
+    assert np.array_equal(everyone.missing_x[3], [x[4], [0, 0]])
     # the reference's rule, K = 1: hiding 1, 3, 4, 5 leaves 0 with three hidden neighbours of
     # which the first (node 1) is its target
     impaired = impair(adjacency, x, train, hide_candidates(train, val, test, "not-train-test"),
                       1.0, 1, np.random.default_rng(0))
     assert impaired.kept.tolist() == [0, 2]
-    assert impaired.missing_count.tolist() == [2, 1]
-    assert np.array_equal(impaired.missing_x[:, 0], [x[1], x[1]])
+    assert impaired.missing_count.tolist() == [2, 1] and impaired.targets.tolist() == [0]
+    assert np.array_equal(impaired.missing_x[:, 0], [x[1]])
     # half of the four candidates (int(4 * 0.5) = 2), drawn among them only
     impaired = impair(adjacency, x, train, hide_candidates(train, val, test, "not-train-test"),
                       0.5, 5, np.random.default_rng(3))
@@ -149,3 +156,30 @@ def test_mended_graph_joins_each_node_to_its_counted_slots():
     assert slot_rows(np.array([2, 0, 1]))[0].tolist() == [0, 0, 2]
     assert slot_rows(np.array([2, 0, 1]))[1].tolist() == [0, 1, 0]
     assert slot_rows(np.zeros(0, np.int64))[0].shape == (0,)
+
+
+def test_fgen_chunks_hold_at_most_chunk_bytes_of_generated_rows():
+    """A chunk is --neighgen-chunk-rows rows, fewer where K F is wide (Coauthor CS: 4,096 rows of
+    5 x 6,805 would be 557 MB); 0 keeps every row in one piece."""
+    generator = torch.Generator().manual_seed(0)
+
+    def fgen(num_features):
+        return FeatureGenerator(8, (4,), 5, num_features, 0.5, generator, torch.float32)
+
+    assert fgen(100).chunk_size(10_000, 4096) == 4096
+    wide = fgen(6805)
+    assert wide.chunk_size(10_000, 4096) == CHUNK_BYTES // (5 * 6805 * 4) == 493
+    assert wide.chunk_size(10_000, 0) == 10_000 and wide.chunk_size(0, 0) == 1
+
+
+def test_greedy_loss_over_the_nodes_with_hidden_neighbours_alone_is_the_same():
+    """The clients keep targets for the training nodes with n_v > 0 only: the others' terms are
+    0, and the mean stays over every training node (``num_nodes``)."""
+    pred_feats, true_feats, predicted, true_missing = random_case(40, 5, 8, 4)
+    some = torch.nonzero(true_missing > 0).squeeze(1)
+    assert 0 < some.shape[0] < 40
+    slots = slot_counts(predicted, 5)
+    everyone = greedy_loss(pred_feats, true_feats, slots, true_missing)
+    alone = greedy_loss(pred_feats[some], true_feats[some], slots[some], true_missing[some],
+                        num_nodes=40)
+    assert alone.item() == pytest.approx(everyone.item(), rel=1e-12, abs=0)
