@@ -8,7 +8,9 @@ logits and the reference's logits, ``mean_u ||z_run(u) - z_ref(u)||_2``. It is r
 all nodes and per client (client membership = the global ids in each ``client_i.h5`` of the
 shard directory the RUN used). Two centralized runs that differ only in their seed are not
 at distance 0 either: ``--noise-reference`` gives that noise floor (reference vs noise
-reference), so a reader can tell bias from seed noise.
+reference), so a reader can tell bias from seed noise. Beside it, the disagreement: the share
+of nodes whose predicted class differs from the reference's, which the logits' scale does not
+move (a run whose logits grew larger than the reference's reads as biased by the distance).
 
 Both runs must have been trained with ``--save-logits`` (``logits.npy`` [n, C] in global node
 order). What is read is checked against the runs' records first: a reference is a centralized
@@ -58,6 +60,18 @@ def mean_distance(logits: np.ndarray, reference: np.ndarray) -> float:
     """Local bias over all nodes: mean Euclidean distance between corresponding logit rows."""
     distances = node_distances(logits, reference)
     return float(distances.mean()) if distances.size else 0.0
+
+
+def disagreement(logits: np.ndarray, reference: np.ndarray) -> float:
+    """Share of nodes (0-1) whose predicted class (argmax) differs from the reference's. Blind to
+    the logits' scale, which the distance reads as bias: a model whose logits are the
+    reference's times 3 has a large distance and no disagreement."""
+    if logits.shape != reference.shape:
+        raise BiasError(f"logits have shape {logits.shape}, reference logits {reference.shape}; "
+                        f"the two runs must be on the same graph and classes")
+    if not logits.shape[0]:
+        return 0.0
+    return float(np.mean(logits.argmax(axis=1) != reference.argmax(axis=1)))
 
 
 def per_client_distance(logits: np.ndarray, reference: np.ndarray,
@@ -237,6 +251,7 @@ class BiasReport:
     noise_reference: str | None = None
     noise_floor: float | None = None  # reference vs noise reference (seed noise)
     warnings: list[str] = field(default_factory=list)  # what could not be checked
+    disagreement: float = 0.0  # share of nodes whose predicted class differs from the reference's
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -248,7 +263,10 @@ class BiasReport:
                  f"{self.reference}: {self.local_bias:.4f}",
                  "  = the mean over nodes of the Euclidean distance between this run's output "
                  "logits and the centralized reference's (0: the same outputs; lower: less "
-                 "local bias)"]
+                 "local bias)",
+                 f"disagreement: {100 * self.disagreement:.2f}% of the nodes get another "
+                 f"predicted class than from the reference (blind to the logits' scale, which "
+                 f"the distance counts)"]
         if self.noise_floor is not None:
             ratio = (self.local_bias / self.noise_floor if self.noise_floor > 0
                      else float("inf"))
@@ -292,7 +310,8 @@ def local_bias(run_dir: str | Path, reference_dir: str | Path,
     report = BiasReport(str(run.run_dir), str(reference.run_dir), run.dataset,
                         int(run.logits.shape[0]), mean_distance(run.logits, reference.logits),
                         per_client_distance(run.logits, reference.logits, clients),
-                        [int(ids.shape[0]) for ids in clients], warnings=warnings)
+                        [int(ids.shape[0]) for ids in clients], warnings=warnings,
+                        disagreement=disagreement(run.logits, reference.logits))
     if noise is not None:
         report.noise_reference = str(noise.run_dir)
         report.noise_floor = mean_distance(noise.logits, reference.logits)

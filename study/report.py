@@ -21,7 +21,7 @@ import numpy as np
 from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option
 from fgl_common.protected import ProtectedPathError, check_output_directory
 
-from mpifgl.bias import BiasError, load_run_logits, mean_distance
+from mpifgl.bias import BiasError, disagreement, load_run_logits, mean_distance
 from study.catalog import REFERENCE_METHOD, algo_of, label_of, methods_of
 from study.rundir import read_json, read_metrics
 
@@ -82,6 +82,7 @@ class RunRow:
     epoch_to_target: float = math.nan  # first epoch whose val micro-F1 reached it
     seconds_to_target: float = math.nan  # training + evaluation seconds to that epoch
     local_bias: float = math.nan
+    disagreement: float = math.nan  # share of nodes predicted otherwise than the reference
     noise_floor: float = math.nan  # reference vs centralized with another seed
     same_init_floor: float = math.nan  # reference vs centralized, same initial weights
     cross_edge_fraction: float = math.nan
@@ -209,6 +210,7 @@ def _attach_bias(row: RunRow, root: Path, entry: dict, manifest: dict | None,
     if run is None or ref is None or run.shape != ref.shape:
         return
     row.local_bias = mean_distance(run, ref)
+    row.disagreement = disagreement(run, ref)
     if entry.get("noise_reference"):
         noise = logits(entry["noise_reference"])
         if noise is not None and noise.shape == ref.shape:
@@ -374,21 +376,26 @@ def figure4(rows: list[RunRow], root: Path, out: Path, plt) -> list[str]:
     if not runs:
         return ["(not run)"]
     methods = [m for m in methods_of("fig4") if any(r.method == m for r in runs)]
-    md = ["| method | iid F1 | non-iid F1 | iid bias | non-iid bias |", "|---|---|---|---|---|"]
+    md = ["| method | iid F1 | non-iid F1 | iid bias | non-iid bias | iid disagreement | "
+          "non-iid disagreement |", "|---|---|---|---|---|---|---|"]
     lines = []
     for method in methods:
         cell = {}
         for partition in ("random", "label-skew"):
             mine = [r for r in runs if r.method == method and r.partition == partition]
             cell[partition] = (mean_std([r.test_f1 for r in mine]),
-                               mean_std([r.local_bias for r in mine]), status_note(mine))
-            lines.append([method, partition, *cell[partition][0][:2], *cell[partition][1][:2]])
+                               mean_std([r.local_bias for r in mine]), status_note(mine),
+                               mean_std([r.disagreement for r in mine]))
+            lines.append([method, partition, *cell[partition][0][:2], *cell[partition][1][:2],
+                          *cell[partition][3][:2]])
         md.append(f"| {label_of(method)} | " + " | ".join(
             fmt(*cell[p][0]) if cell[p][0][2] else cell[p][2].split(" (")[0]
             for p in ("random", "label-skew")) + " | " + " | ".join(
-            fmt(cell[p][1][0], scale=1, digits=3) for p in ("random", "label-skew")) + " |")
+            fmt(cell[p][1][0], scale=1, digits=3) for p in ("random", "label-skew")) + " | "
+            + " | ".join(fmt(cell[p][3][0]) + ("%" if cell[p][3][2] else "")
+                         for p in ("random", "label-skew")) + " |")
     write_csv(out / "fig4.csv", ["method", "partition", "f1_mean", "f1_std", "bias_mean",
-                                 "bias_std"], lines)
+                                 "bias_std", "disagreement_mean", "disagreement_std"], lines)
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     width = 0.35
     x = np.arange(len(methods))
@@ -547,7 +554,9 @@ def plan_section(plan: dict[str, Any], rows: list[RunRow]) -> list[str]:
         "logits; local bias is measured against the centralized GCN with the same seed, the "
         "noise floors are centralized seed s vs seed s+1 (other initial weights and dropout) "
         "and vs seed s+1 with --init-seed s (same initial weights as the reference and as "
-        "every distributed run of seed s; dropout differs): the like-for-like floor.",
+        "every distributed run of seed s; dropout differs): the like-for-like floor. "
+        "Figure 4's disagreement is the share of nodes whose predicted class differs from "
+        "that reference's, which the logits' scale does not move.",
         f"- runs planned: {len(rows)} ({', '.join(f'{k}: {v}' for k, v in sorted(counts.items()))});"
         f" estimated by the cost model {plan.get('estimated_seconds', 0) / 60:.1f} min; "
         f"measured: {run_seconds / 60:.1f} min in training subprocesses, "

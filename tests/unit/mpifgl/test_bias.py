@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from fgl_common.shard_format import ClientShard, write_client_shard
-from mpifgl.bias import (BiasError, local_bias, main, mean_distance, node_distances,
-                         per_client_distance)
+from mpifgl.bias import (BiasError, disagreement, local_bias, main, mean_distance,
+                         node_distances, per_client_distance)
 
 
 
@@ -20,6 +20,15 @@ def test_mean_distance_hand_computed():
     assert node_distances(run, ref).tolist() == [0.0, 5.0, 1.0]
     assert mean_distance(run, ref) == pytest.approx(2.0)
     assert mean_distance(ref, ref) == 0.0
+
+
+def test_disagreement_counts_other_predicted_classes_and_ignores_the_scale():
+    ref = np.array([[2.0, 1.0, 0.0], [0.0, 1.0, 0.5], [0.0, 0.0, 3.0], [1.0, 0.0, 0.0]])
+    run = np.array([[0.0, 1.0, 0.0], [0.0, 2.0, 0.0], [1.0, 0.0, 0.0], [5.0, 0.0, 0.0]])
+    assert disagreement(run, ref) == pytest.approx(0.5)  # nodes 0 and 2 change class
+    assert disagreement(ref * 7.0, ref) == 0.0 < mean_distance(ref * 7.0, ref)
+    with pytest.raises(BiasError, match="shape"):
+        disagreement(np.zeros((3, 2)), np.zeros((3, 4)))
 
 
 def test_per_client_distance_uses_global_ids():
@@ -82,6 +91,7 @@ def test_local_bias_report_per_client_and_noise(tmp_path):
     assert report.per_client == pytest.approx([2.5, 0.5])
     assert report.client_sizes == [2, 2]
     assert report.noise_floor == pytest.approx(np.sqrt(0.5))
+    assert report.disagreement == pytest.approx(0.5)  # nodes 0 and 1 predict class 1, not 0
     out = tmp_path / "bias.json"
     assert main([str(run), "--reference", str(central), "--noise-reference", str(noise),
                  "--json", str(out)]) == 0

@@ -64,6 +64,7 @@ def test_report_from_fake_runs(tmp_path, monkeypatch):
                                                                 .read_text()))}
     ours = rows["cora/random-m8/ours-lr0.01-e100-s0"]
     assert ours.status == "done" and ours.local_bias == pytest.approx(5.0)
+    assert ours.disagreement == 1.0  # [3, 4] over zeros: every node's class is 1, not 0
     assert ours.noise_floor == pytest.approx(math.sqrt(0.5))
     assert ours.client_mb_per_epoch == pytest.approx(2.0)
     assert rows["cora/random-m8/bns-lr0.01-e100-s0"].status == "unavailable"
