@@ -10,7 +10,7 @@ from pathlib import Path
 from data_prep.catalog import KNOWN_DATASETS, normalise_dataset_name
 from fgl_common.cli import option
 from fgl_common.protected import ProtectedPathError, check_output_directory
-from study.catalog import SECTIONS
+from study.catalog import METHODS, SECTIONS
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,9 @@ class StudyConfig:
     fig5_nodes_fraction: float = 1.0  # figure 5: nodes drawn per epoch, as a fraction of n
     fig5_epochs: int = 5  # figure 5: the paper averages 10 epochs; 5 suffice for a mean
     only: tuple[str, ...] = SECTIONS
+    # the rows to run of those sections (empty: every row); the centralized references of the
+    # local bias are planned whatever this says, as the figures need them
+    methods: tuple[str, ...] = ()
     lr: float = 0.01  # fixed lr when --lr-search is off (the paper's middle value)
     lr_search: bool = False
     data_root: str | None = None
@@ -86,6 +89,10 @@ class StudyConfig:
         if unknown:
             raise ValueError(f"--only {','.join(unknown)}: unknown section(s), expected some of "
                              f"{','.join(SECTIONS)}")
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown:
+            raise ValueError(f"--methods {','.join(unknown)}: unknown method(s), expected some "
+                             f"of {','.join(METHODS)}")
         if not self.seeds or any(s < 0 for s in self.seeds):
             raise ValueError(f"--seeds {self.seeds}: expected non-negative integers")
         if self.epochs < 1 or self.figure_epochs < 1:
@@ -120,6 +127,12 @@ class StudyArgs:
     quick: bool = option(False, "smoke test: 1 seed, 2 epochs, 2-3 clients")
     only: tuple[str, ...] = option(SECTIONS, f"sections to run, some of {','.join(SECTIONS)}",
                                    choices=SECTIONS)
+    methods: tuple[str, ...] = option((), "run only these rows of the sections (e.g. "
+                                          "llcg,fedsage-plus; default: all) and the centralized "
+                                          "references of their local bias; the plan and report "
+                                          "then hold those (--dry-run without it plans every "
+                                          "row again, --report-only then reports them all)",
+                                   choices=tuple(METHODS))
     data_root: str | None = option(None, "raw datasets directory (data_prep's --data-root)")
     lr: float = option(0.01, "fixed lr without --lr-search")
     lr_search: bool = option(False, "pick lr in {0.1, 0.01, 0.001} per dataset and method on "
@@ -148,7 +161,7 @@ def study_config(args: StudyArgs) -> StudyConfig:
     values = {"datasets": args.datasets, "out": args.out, "only": args.only, "lr": args.lr,
               "lr_search": args.lr_search, "data_root": args.data_root,
               "retry_failed": args.retry_failed, "dry_run": args.dry_run, "budget_minutes": args.budget_minutes,
-              "equal_steps": not args.same_epochs}
+              "equal_steps": not args.same_epochs, "methods": args.methods}
     optional = {
         "seeds": args.seeds, "epochs": args.epochs, "figure_epochs": args.figure_epochs,
         "figure_datasets": args.figure_datasets, "client_counts": args.clients,

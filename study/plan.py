@@ -170,9 +170,15 @@ def build_plan(config: StudyConfig, lr_of: Callable[[str, str], float],
             ref.same_init_reference = same_init.spec.key
 
     sections = set(config.only)
+
+    def rows_of(section: str) -> tuple[str, ...]:
+        """The section's rows that --methods keeps (all without it)."""
+        rows = methods_of(section)
+        return tuple(m for m in rows if m in config.methods) if config.methods else rows
+
     if "table2" in sections:
         for dataset in config.datasets:
-            for method in methods_of("table2"):
+            for method in rows_of("table2"):
                 for seed in config.seeds:
                     plan.add(spec(dataset, method, config.main_clients, seed,
                                   config.epochs_for(dataset)), "table2")
@@ -183,26 +189,26 @@ def build_plan(config: StudyConfig, lr_of: Callable[[str, str], float],
             e = config.figure_epochs
             if "fig3" in sections:
                 for clients in config.client_counts:
-                    for method in methods_of("fig3"):
+                    for method in rows_of("fig3"):
                         with_bias(plan.add(spec(dataset, method, clients, seed, e), "fig3"),
                                   "fig3", e)
             if "fig4" in sections:
                 for partition in ("random", "label-skew"):
-                    for method in methods_of("fig4"):
+                    for method in rows_of("fig4"):
                         run = plan.add(spec(dataset, method, config.main_clients, seed, e,
                                             partition), "fig4")
                         with_bias(run, "fig4", e)
             if "table3" in sections:
                 for clients in config.overhead_clients:
-                    for method in methods_of("table3"):
+                    for method in rows_of("table3"):
                         plan.add(spec(dataset, method, clients, seed, e), "table3")
             if "fig6" in sections:
-                for method in methods_of("fig6"):
+                for method in rows_of("fig6"):
                     plan.add(spec(dataset, method, config.main_clients, seed, e), "fig6")
             if "fig5" in sections:
                 per_epoch = max(len(config.step_lengths),
                                 round(config.fig5_nodes_fraction * num_nodes(dataset)))
-                for method in methods_of("fig5"):
+                for method in rows_of("fig5"):
                     for steps in config.step_lengths:
                         size = max(1, per_epoch // steps)
                         plan.add(spec(dataset, method, config.main_clients, seed,
@@ -212,7 +218,7 @@ def build_plan(config: StudyConfig, lr_of: Callable[[str, str], float],
     if "table5" in sections:
         ablation = [d for d in config.ablation_datasets if d in config.datasets]
         for dataset in ablation or config.datasets[:1]:
-            for method in methods_of("table5"):
+            for method in rows_of("table5"):
                 for seed in config.seeds:
                     plan.add(spec(dataset, method, config.main_clients, seed,
                                   config.epochs_for(dataset)), "table5")
@@ -225,6 +231,7 @@ def lr_search_plan(config: StudyConfig, num_nodes: Callable[[str], int] | None =
     methods = list(methods_of("table2")) if "table2" in config.only else []
     if "table5" in config.only:
         methods += [m for m in methods_of("table5") if m not in methods]
+    methods = [m for m in methods if not config.methods or m in config.methods]
     return [RunSpec(d, m, config.main_clients, "random", config.seeds[0],
                     method_epochs(config, m, d, config.epochs_for(d), num_nodes, num_train), lr,
                     timeout=config.timeout)

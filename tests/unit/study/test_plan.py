@@ -126,6 +126,20 @@ def test_cli_reads_comma_lists_and_quick_defaults():
     assert quick.epochs == 2 and quick.main_clients == 2 and quick.figure_datasets == ("citeseer",)
 
 
+def test_methods_keeps_those_rows_and_the_references_of_their_bias(capsys):
+    plan = _plan(only=("table2", "fig4"), seeds=(0, 1), methods=("llcg", "fedsage-plus"))
+    methods = {p.spec.method for p in plan.runs.values()}
+    assert methods == {"llcg", "fedsage-plus", "centralized"}
+    assert "citeseer/random-m8/llcg-lr0.01-e100-s1" in plan.runs  # table 2, every seed
+    skew = plan.runs["cora/label-skew-m8/fedsage-plus-lr0.01-e100-s0"]
+    assert skew.reference in plan.runs and skew.same_init_reference in plan.runs
+    with pytest.raises(SystemExit):
+        parse_config(["--datasets", "cora", "--out", "x", "--methods", "llcg,fedsage"])
+    assert "argument --methods: 'llcg,fedsage' has unknown 'fedsage'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--methods nope: unknown method"):
+        StudyConfig(datasets=("cora",), out=Path("/tmp/x"), methods=("nope",)).validate()
+
+
 def test_cli_names_the_bad_flag(capsys):
     with pytest.raises(SystemExit):
         parse_config(["--datasets", "cora", "--out", "x", "--seeds", "0,one"])
