@@ -297,7 +297,8 @@ class _Recomputed(torch.autograd.Function):
     recomputes each chunk (same seed, same dropout) and back-propagates it at once, the
     parameters' gradients accumulating into their ``.grad`` as in torch.utils.checkpoint's
     reentrant form (whose first call loads torch's compiler stack, which costs a process far
-    more than this). The parameters are inputs only so that the output requires a gradient."""
+    more than this). The parameters are inputs only so that the output requires a gradient; as
+    with that form, their gradients reach ``.grad`` (``backward()``), not torch.autograd.grad."""
 
     @staticmethod
     def forward(ctx, generator: "FeatureGenerator", step: int, seeds: tuple[int, ...],
