@@ -314,10 +314,31 @@ def save_figure(fig, plt, out: Path, name: str, caption: str) -> list[str]:
     return ["", f"![{caption}]({name}.png)"]
 
 def figure3(rows: list[RunRow], out: Path, plt) -> list[str]:
+    """One table and figure per dataset (fig3.png for the first, fig3-<dataset>.png for the
+    others), as figure 4."""
     runs = select(rows, "fig3")
     distributed = [r for r in runs if r.method != REFERENCE_METHOD]
     if not distributed:
         return ["(not run)"]
+    datasets = list(dict.fromkeys(r.dataset for r in distributed))
+    md, lines = [], []
+    for k, dataset in enumerate(datasets):
+        if len(datasets) > 1:
+            md += [f"### {dataset}", ""]
+        md += _figure3_of(dataset, [r for r in runs if r.dataset == dataset], out, plt,
+                          "fig3" if k == 0 else f"fig3-{dataset}", lines)
+        md.append("")
+    write_csv(out / "fig3.csv", ["dataset", "clients", "cross_edge_fraction", "method",
+                                 "f1_mean", "f1_std", "bias_mean", "bias_std", "noise_floor",
+                                 "same_init_floor"], lines)
+    return md[:-1]
+
+
+def _figure3_of(dataset: str, runs: list[RunRow], out: Path, plt, name: str,
+                csv_lines: list[list]) -> list[str]:
+    """Figure 3 of one dataset: its table (returned), its figure ``name``.png and its rows of
+    fig3.csv (appended to ``csv_lines``)."""
+    distributed = [r for r in runs if r.method != REFERENCE_METHOD]
     counts = sorted({r.num_clients for r in distributed})
     methods = [m for m in methods_of("fig3") if any(r.method == m for r in runs)]
     lines, md = [], ["| clients | cross-client edges (paper) | " +
@@ -343,9 +364,7 @@ def figure3(rows: list[RunRow], out: Path, plt) -> list[str]:
         md.append(f"| {m_clients} | {fmt(cross)}% ({paper if paper else '-'}%) | " +
                   " | ".join(cells) + f" | {fmt(noise, scale=1, digits=3)} / "
                   f"{fmt(same_init, scale=1, digits=3)} |")
-    write_csv(out / "fig3.csv", ["clients", "cross_edge_fraction", "method", "f1_mean", "f1_std",
-                                 "bias_mean", "bias_std", "noise_floor", "same_init_floor"],
-              lines)
+    csv_lines.extend([dataset, *line] for line in lines)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for method in methods:
         xs = [c for c in counts if any(l[0] == c and l[2] == method and not math.isnan(l[3])
@@ -368,13 +387,33 @@ def figure3(rows: list[RunRow], out: Path, plt) -> list[str]:
         ax.set_xlabel("clients (random partition)")
         ax.set_title(title)
         ax.legend()
-    return md + save_figure(fig, plt, out, "fig3", "Figure 3")
+    return md + save_figure(fig, plt, out, name, f"Figure 3, {dataset}")
 
 
 def figure4(rows: list[RunRow], root: Path, out: Path, plt) -> list[str]:
+    """One table and figure per dataset (fig4.png for the first, fig4-<dataset>.png for the
+    others): a mean over datasets would mix graphs of other accuracies and logit scales."""
     runs = [r for r in select(rows, "fig4") if r.method != REFERENCE_METHOD]
     if not runs:
         return ["(not run)"]
+    datasets = list(dict.fromkeys(r.dataset for r in runs))
+    md, lines = [], []
+    for k, dataset in enumerate(datasets):
+        if len(datasets) > 1:
+            md += [f"### {dataset}", ""]
+        md += _figure4_of(dataset, [r for r in runs if r.dataset == dataset], root, out, plt,
+                          "fig4" if k == 0 else f"fig4-{dataset}", lines)
+        md.append("")
+    write_csv(out / "fig4.csv", ["dataset", "method", "partition", "f1_mean", "f1_std",
+                                 "bias_mean", "bias_std", "disagreement_mean",
+                                 "disagreement_std"], lines)
+    return md[:-1]
+
+
+def _figure4_of(dataset: str, runs: list[RunRow], root: Path, out: Path, plt, name: str,
+                csv_lines: list[list]) -> list[str]:
+    """Figure 4 of one dataset: its table (returned), its figure ``name``.png and its rows of
+    fig4.csv (appended to ``csv_lines``)."""
     methods = [m for m in methods_of("fig4") if any(r.method == m for r in runs)]
     md = ["| method | iid F1 | non-iid F1 | iid bias | non-iid bias | iid disagreement | "
           "non-iid disagreement |", "|---|---|---|---|---|---|---|"]
@@ -394,8 +433,7 @@ def figure4(rows: list[RunRow], root: Path, out: Path, plt) -> list[str]:
             fmt(cell[p][1][0], scale=1, digits=3) for p in ("random", "label-skew")) + " | "
             + " | ".join(fmt(cell[p][3][0]) + ("%" if cell[p][3][2] else "")
                          for p in ("random", "label-skew")) + " |")
-    write_csv(out / "fig4.csv", ["method", "partition", "f1_mean", "f1_std", "bias_mean",
-                                 "bias_std", "disagreement_mean", "disagreement_std"], lines)
+    csv_lines.extend([dataset, *line] for line in lines)
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     width = 0.35
     x = np.arange(len(methods))
@@ -421,7 +459,7 @@ def figure4(rows: list[RunRow], root: Path, out: Path, plt) -> list[str]:
     axes[2].set_xlabel("training wall seconds")
     axes[2].set_title("convergence: test micro-F1 (%)")
     axes[2].legend(fontsize=7)
-    return md + save_figure(fig, plt, out, "fig4", "Figure 4")
+    return md + save_figure(fig, plt, out, name, f"Figure 4, {dataset}")
 
 
 def table3(rows: list[RunRow], out: Path) -> list[str]:

@@ -153,3 +153,25 @@ def test_a_report_is_never_written_into_a_run_or_shard_directory(tmp_path, capsy
     assert capsys.readouterr().err.startswith(
         f"study.report: error: REPORT_DIR {run}: it is a run directory of mpifgl.train")
     assert sorted(p.name for p in run.iterdir()) == ["config.json", "plan.json"]
+
+
+def test_figure4_is_one_table_per_dataset(tmp_path):
+    """Two figure datasets are never averaged into one cell: each gets its table, its figure and
+    its rows of fig4.csv."""
+    config = StudyConfig(datasets=("cora", "citeseer"), figure_datasets=("cora", "citeseer"),
+                         out=tmp_path, seeds=(0,), figure_seeds=(0,), only=("fig4",),
+                         figure_epochs=100, methods=("ours", "fedavg"))
+    plan = build_plan(config, lambda d, m: 0.01, lambda d: 100)
+    payload = plan.to_json()
+    payload.update(config={"datasets": ["cora", "citeseer"], "seeds": [0]}, sessions=[])
+    (tmp_path / "plan.json").write_text(json.dumps(payload))
+    for key in plan.runs:
+        _fake_run(tmp_path, key, 0.8 if key.startswith("cora/") else 0.6, np.zeros((4, 2)))
+    text = write_report(tmp_path).read_text()
+    cora, citeseer = text.split("### cora")[1].split("### citeseer")
+    assert "| Ours (GCN) | 80.00 | 80.00 |" in cora and "| Ours (GCN) | 60.00 | 60.00 |" in citeseer
+    assert "70.00" not in text
+    assert (tmp_path / "fig4.png").is_file() and (tmp_path / "fig4-citeseer.png").is_file()
+    rows = (tmp_path / "fig4.csv").read_text().splitlines()
+    assert rows[0].startswith("dataset,method,partition") and len(rows) == 1 + 2 * 2 * 2
+    assert {r.split(",")[0] for r in rows[1:]} == {"cora", "citeseer"}
