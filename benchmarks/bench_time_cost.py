@@ -4,8 +4,9 @@ ours at 4 and 8 clients on the products-size hard synthetic graph, the methods i
 
     . .venv/bin/activate
     python benchmarks/bench_time_cost.py --work /tmp/mpifgl-time-cost
-        [--scale 1.0] [--clients 4,8] [--methods cagnet,cagnet-1d,fedavg,ours,ours-paper] [--epochs 5]
-        [--rounds 1] [--layers 3] [--hidden 128] [--ours-flags ""] [--timeout 14400]
+        [--scale 1.0] [--clients 4,8] [--methods cagnet,cagnet-1d,fedavg,ours,ours-paper]
+        [--epochs 5] [--rounds 1] [--layers 3] [--hidden 128] [--ours-flags ""]
+        [--timeout 14400]
 
 ``--scale 0.1`` is the quick 1/10 run; 0.01 tries the whole thing in minutes. Shards come from
 ``benchmarks/bench_products.py``'s ``prepare`` (``HARD_SYNTHETIC``, random partition, reused when
@@ -31,8 +32,8 @@ Printed per method and client count (the server rank is left out of every figure
   paper           the paper's products column (seconds, MB per client) where it has the row
 
 then each ours row's ratios to CAGNET (c = 2, and 1D) at each client count: training epoch and
-mean tensor MB (the paper, against c = 2: 0.13x and 0.12x at 4 clients, 0.12x and 0.12x at 8). Everything is also written to
---work/time_cost.json. Asserts nothing.
+mean tensor MB (the paper, against c = 2: 0.13x and 0.12x at 4 clients, 0.12x and 0.12x at 8).
+Everything is also written to --work/time_cost.json. Asserts nothing.
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ METHODS = {"cagnet": ["--algo", "cagnet", "--replication", "2"],
            "cagnet-1d": ["--algo", "cagnet", "--replication", "1"],
            "fedavg": ["--algo", "fedavg"], "ours": ["--algo", "ours"],
            # the paper's own setting of its Table 5: s = 500,000 of products' nodes per step
-           # (scaled with --scale), one pass over the nodes per epoch
+           # (scaled with --scale: method_flags), one pass over the nodes per epoch
            "ours-paper": ["--algo", "ours"]}
 # The paper's products column: (training seconds per epoch, memory MB per client).
 PAPER = {("cagnet", 4): (38.3888, 855.34), ("fedavg", 4): (16.9388, 402.27),
@@ -188,6 +189,15 @@ def ratios(results: dict[tuple[str, int], Measured]) -> str:
     return "\n".join(lines)
 
 
+def method_flags(method: str, args: TimeCostArgs) -> list[str]:
+    """``mpifgl.train``'s flags of ``method``: METHODS', ours-paper's sample at --scale, and
+    --ours-flags for both ours rows."""
+    flags = list(METHODS[method])
+    if method == "ours-paper":
+        flags += ["--sample-size", str(max(1, round(PAPER_SAMPLE * args.scale)))]
+    return flags + (shlex.split(args.ours_flags) if method.startswith("ours") else [])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_dataclass_arguments(parser, TimeCostArgs)
@@ -210,11 +220,8 @@ def main() -> int:
         turn = round_index % len(plan)
         for method, clients in plan[turn:] + plan[:turn]:
             out = args.work / "runs" / f"{method}-m{clients}-r{round_index + 1}"
-            extra = shlex.split(args.ours_flags) if method.startswith("ours") else []
-            if method == "ours-paper":
-                extra += ["--sample-size", str(max(1, round(PAPER_SAMPLE * args.scale)))]
             command = [sys.executable, "-m", "mpifgl.train", "--shards", str(shards[clients]),
-                       "--out", str(out), *METHODS[method], *common, *extra]
+                       "--out", str(out), *method_flags(method, args), *common]
             outcome = run_command(method, clients, command, out, True, args.timeout)
             runs[(method, clients)].append(measure(out, outcome.status))
     results = {key: combine(values) for key, values in runs.items()}

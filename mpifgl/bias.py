@@ -47,11 +47,15 @@ class BiasError(ValueError):
 
 
 # -- pure math ----------------------------------------------------------------------------------
-def node_distances(logits: np.ndarray, reference: np.ndarray) -> np.ndarray:
-    """Euclidean distance per node: ``||logits[u] - reference[u]||_2``, shape [n]."""
+def _check_shapes(logits: np.ndarray, reference: np.ndarray) -> None:
     if logits.shape != reference.shape:
         raise BiasError(f"logits have shape {logits.shape}, reference logits {reference.shape}; "
                         f"the two runs must be on the same graph and classes")
+
+
+def node_distances(logits: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """Euclidean distance per node: ``||logits[u] - reference[u]||_2``, shape [n]."""
+    _check_shapes(logits, reference)
     diff = np.asarray(logits, dtype=np.float64) - np.asarray(reference, dtype=np.float64)
     return np.linalg.norm(diff, axis=1)
 
@@ -66,9 +70,7 @@ def disagreement(logits: np.ndarray, reference: np.ndarray) -> float:
     """Share of nodes (0-1) whose predicted class (argmax) differs from the reference's. Blind to
     the logits' scale, which the distance reads as bias: a model whose logits are the
     reference's times 3 has a large distance and no disagreement."""
-    if logits.shape != reference.shape:
-        raise BiasError(f"logits have shape {logits.shape}, reference logits {reference.shape}; "
-                        f"the two runs must be on the same graph and classes")
+    _check_shapes(logits, reference)
     if not logits.shape[0]:
         return 0.0
     return float(np.mean(logits.argmax(axis=1) != reference.argmax(axis=1)))

@@ -14,7 +14,7 @@ import math
 import sys
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -313,25 +313,33 @@ def save_figure(fig, plt, out: Path, name: str, caption: str) -> list[str]:
     plt.close(fig)
     return ["", f"![{caption}]({name}.png)"]
 
-def figure3(rows: list[RunRow], out: Path, plt) -> list[str]:
-    """One table and figure per dataset (fig3.png for the first, fig3-<dataset>.png for the
-    others), as figure 4."""
-    runs = select(rows, "fig3")
-    distributed = [r for r in runs if r.method != REFERENCE_METHOD]
-    if not distributed:
-        return ["(not run)"]
-    datasets = list(dict.fromkeys(r.dataset for r in distributed))
+def per_dataset(section: str, runs: list[RunRow], out: Path, header: list[str],
+                draw: Callable[[str, list[RunRow], str, list[list]], list[str]]) -> list[str]:
+    """A figure's Markdown with one table and plot per dataset (``section``.png for the first,
+    ``section``-<dataset>.png for the others; a mean over datasets would mix graphs of other
+    accuracies and logit scales) and ``section``.csv with a dataset column. ``draw(dataset,
+    its runs, png name, csv rows)`` writes one dataset's plot, appends its CSV rows and returns
+    its table."""
+    datasets = list(dict.fromkeys(r.dataset for r in runs if r.method != REFERENCE_METHOD))
     md, lines = [], []
     for k, dataset in enumerate(datasets):
         if len(datasets) > 1:
             md += [f"### {dataset}", ""]
-        md += _figure3_of(dataset, [r for r in runs if r.dataset == dataset], out, plt,
-                          "fig3" if k == 0 else f"fig3-{dataset}", lines)
+        md += draw(dataset, [r for r in runs if r.dataset == dataset],
+                   section if k == 0 else f"{section}-{dataset}", lines)
         md.append("")
-    write_csv(out / "fig3.csv", ["dataset", "clients", "cross_edge_fraction", "method",
-                                 "f1_mean", "f1_std", "bias_mean", "bias_std", "noise_floor",
-                                 "same_init_floor"], lines)
+    write_csv(out / f"{section}.csv", ["dataset", *header], lines)
     return md[:-1]
+
+
+def figure3(rows: list[RunRow], out: Path, plt) -> list[str]:
+    runs = select(rows, "fig3")
+    if not any(r.method != REFERENCE_METHOD for r in runs):
+        return ["(not run)"]
+    return per_dataset("fig3", runs, out, ["clients", "cross_edge_fraction", "method", "f1_mean",
+                                           "f1_std", "bias_mean", "bias_std", "noise_floor",
+                                           "same_init_floor"],
+                       lambda d, mine, name, lines: _figure3_of(d, mine, out, plt, name, lines))
 
 
 def _figure3_of(dataset: str, runs: list[RunRow], out: Path, plt, name: str,
@@ -391,23 +399,14 @@ def _figure3_of(dataset: str, runs: list[RunRow], out: Path, plt, name: str,
 
 
 def figure4(rows: list[RunRow], root: Path, out: Path, plt) -> list[str]:
-    """One table and figure per dataset (fig4.png for the first, fig4-<dataset>.png for the
-    others): a mean over datasets would mix graphs of other accuracies and logit scales."""
     runs = [r for r in select(rows, "fig4") if r.method != REFERENCE_METHOD]
     if not runs:
         return ["(not run)"]
-    datasets = list(dict.fromkeys(r.dataset for r in runs))
-    md, lines = [], []
-    for k, dataset in enumerate(datasets):
-        if len(datasets) > 1:
-            md += [f"### {dataset}", ""]
-        md += _figure4_of(dataset, [r for r in runs if r.dataset == dataset], root, out, plt,
-                          "fig4" if k == 0 else f"fig4-{dataset}", lines)
-        md.append("")
-    write_csv(out / "fig4.csv", ["dataset", "method", "partition", "f1_mean", "f1_std",
-                                 "bias_mean", "bias_std", "disagreement_mean",
-                                 "disagreement_std"], lines)
-    return md[:-1]
+    return per_dataset("fig4", runs, out, ["method", "partition", "f1_mean", "f1_std",
+                                           "bias_mean", "bias_std", "disagreement_mean",
+                                           "disagreement_std"],
+                       lambda d, mine, name, lines: _figure4_of(d, mine, root, out, plt, name,
+                                                                lines))
 
 
 def _figure4_of(dataset: str, runs: list[RunRow], root: Path, out: Path, plt, name: str,

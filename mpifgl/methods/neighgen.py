@@ -239,8 +239,8 @@ class RowNormalisedGCN(nn.Module):
         return torch.relu(operator @ (hidden @ self.w2) + self.b2)
 
 
-# A chunk's generated rows: K F decides how many rows that is (a 4,096-row chunk of Coauthor CS's
-# F = 6,805 would be 557 MB, the size of all its rows on a client).
+# A chunk's generated rows at most: K F decides how many rows that is, so wide bag-of-words
+# features get short chunks instead of one as large as all a client's rows.
 CHUNK_BYTES = 64 * 2 ** 20
 
 
