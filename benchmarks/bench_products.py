@@ -46,10 +46,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -61,6 +59,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option  # noqa: E402
+from fgl_common.child_session import run_in_session  # noqa: E402
 from fgl_common.launch import mpirun_path  # noqa: E402
 from study import rundir  # noqa: E402
 from study.runner import subprocess_env  # noqa: E402
@@ -180,15 +179,12 @@ def run_command(method: str, clients: int, command: list[str], out: Path, distri
     print(f"\n== {outcome.label}: {' '.join(command)}", flush=True)
     start = time.perf_counter()
     log_path = out / "output.log"  # stdout and stderr
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, env=subprocess_env(), cwd=REPO, stdout=log, stderr=log,
-                                   start_new_session=True)  # its own group: a timeout kills all
-        try:
-            status, rusage = _wait(process, timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            status, rusage = process.wait(), None
-            outcome.status = f"failed (timeout after {timeout:.0f} s)"
+    with open(log_path, "w") as log:  # a timeout ends mpirun and every rank (its session)
+        finished = run_in_session(command, timeout, env=subprocess_env(), cwd=REPO, stdout=log,
+                                  stderr=log)
+    status, rusage = finished.returncode, finished.rusage
+    if finished.timed_out:
+        outcome.status = f"failed (timeout after {timeout:.0f} s)"
     outcome.wall_seconds = time.perf_counter() - start
     if rusage is not None:
         outcome.process_peak_rss_mb = rusage.ru_maxrss / 1024  # KB on Linux
@@ -209,19 +205,6 @@ def last_error_line(log_path: Path) -> str:
         if re.search(r"error|exception|killed|signal|out of memory", line, re.IGNORECASE):
             return line
     return lines[-1] if lines else "no output"
-
-
-def _wait(process: subprocess.Popen, timeout: float) -> tuple[int, object]:
-    """os.wait4 with a timeout (polled): exit status and the child's resource usage."""
-    deadline = time.monotonic() + timeout
-    while True:
-        pid, wait_status, rusage = os.wait4(process.pid, os.WNOHANG)
-        if pid:
-            process.returncode = os.waitstatus_to_exitcode(wait_status)
-            return process.returncode, rusage
-        if time.monotonic() > deadline:
-            raise subprocess.TimeoutExpired(process.args, timeout)
-        time.sleep(0.5)
 
 
 def read_metrics(outcome: Outcome, out: Path) -> None:

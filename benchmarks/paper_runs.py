@@ -10,8 +10,6 @@ import argparse
 import json
 import os
 import shlex
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -25,6 +23,7 @@ if str(REPO) not in sys.path:
 
 from data_prep.proxies import proxy, proxy_options  # noqa: E402
 from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace  # noqa: E402
+from fgl_common.child_session import run_in_session  # noqa: E402
 from fgl_common.launch import mpirun_path  # noqa: E402
 from study import rundir  # noqa: E402
 from study.catalog import METHODS  # noqa: E402
@@ -154,25 +153,15 @@ def run(command: list[str], out: Path, timeout: float, nice: int = 10) -> dict[s
     print(f"   $ {shlex.join(command)}", flush=True)
     start = time.perf_counter()
     record: dict[str, Any] = {"command": command, "status": "done"}
-    with open(out.parent / f"{out.name}.log", "w") as log:
-        process = subprocess.Popen(command, env=env, cwd=REPO, stdout=log, stderr=log,
-                                   start_new_session=True,
-                                   preexec_fn=(lambda: os.nice(nice)) if nice else None)
-        deadline = time.monotonic() + timeout
-        while True:
-            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
-            if pid:
-                code = os.waitstatus_to_exitcode(status)
-                record["process_peak_rss_mb"] = usage.ru_maxrss / 1024
-                if code != 0 or not (out / "final.json").is_file():
-                    record["status"] = f"failed (exit {code})"
-                break
-            if time.monotonic() > deadline:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-                record["status"] = f"failed (timeout after {timeout:.0f} s)"
-                break
-            time.sleep(1.0)
+    with open(out.parent / f"{out.name}.log", "w") as log:  # a timeout ends every rank too
+        finished = run_in_session(command, timeout, env=env, cwd=REPO, stdout=log, stderr=log,
+                                  preexec_fn=(lambda: os.nice(nice)) if nice else None)
+    if finished.timed_out:
+        record["status"] = f"failed (timeout after {timeout:.0f} s)"
+    else:
+        record["process_peak_rss_mb"] = finished.peak_rss_mb
+        if finished.returncode != 0 or not (out / "final.json").is_file():
+            record["status"] = f"failed (exit {finished.returncode})"
     record["wall_seconds"] = time.perf_counter() - start
     record_path.write_text(json.dumps(record, indent=1) + "\n")
     return record

@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterable
 
+from fgl_common.child_session import run_in_session
 from fgl_common.launch import mpi_launch_env, mpirun_path
 from study.catalog import METHODS, REFERENCE_METHOD
 from study.config import StudyConfig
@@ -75,24 +75,18 @@ class RunOutcome:
 
 def execute(spec: RunSpec, shard_dir: Path, run_dir: Path) -> RunOutcome:
     """Run one training subprocess into ``run_dir`` (which must not exist), with its timeout.
-    The process group is killed on timeout or interruption; failures go to FAILED.json."""
+    Every process of its session (mpirun and its ranks) is ended on timeout or interruption;
+    failures go to FAILED.json."""
     run_dir.mkdir(parents=True)
     command = train_command(spec, shard_dir, run_dir)
     (run_dir / "command.txt").write_text(" ".join(command) + "\n")
     start = time.perf_counter()
     with open(run_dir / "stdout.log", "w") as out, open(run_dir / "stderr.log", "w") as err:
-        process = subprocess.Popen(command, stdout=out, stderr=err,
-                                   env=subprocess_env(one_thread_per_rank=spec.distributed),
-                                   start_new_session=True)
-        try:
-            returncode = process.wait(timeout=spec.timeout)
-            reason = "" if returncode == 0 else f"exit status {returncode}"
-        except subprocess.TimeoutExpired:
-            _kill_group(process)
-            returncode, reason = -1, f"timed out after {spec.timeout:.0f} s"
-        except BaseException:
-            _kill_group(process)
-            raise
+        finished = run_in_session(command, spec.timeout, stdout=out, stderr=err,
+                                  env=subprocess_env(one_thread_per_rank=spec.distributed))
+    returncode = -1 if finished.timed_out else finished.returncode
+    reason = (f"timed out after {spec.timeout:.0f} s" if finished.timed_out
+              else "" if returncode == 0 else f"exit status {returncode}")
     seconds = time.perf_counter() - start
     if not reason and not (run_dir / "final.json").is_file():
         reason = "exited 0 without writing final.json"
@@ -106,18 +100,6 @@ def execute(spec: RunSpec, shard_dir: Path, run_dir: Path) -> RunOutcome:
     (run_dir / "driver.json").write_text(json.dumps({"wall_seconds": seconds,
                                                      "command": command}, indent=2) + "\n")
     return RunOutcome("done", seconds)
-
-
-def _kill_group(process: subprocess.Popen) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=10)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.wait()
 
 
 def check_algorithms(algos: Iterable[str]) -> dict[str, str]:

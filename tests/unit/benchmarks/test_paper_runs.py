@@ -72,7 +72,7 @@ def _no_training(*args, **kwargs):
 
 
 def test_run_sets_aside_a_finished_run_with_other_or_unrecorded_flags(tmp_path, monkeypatch):
-    monkeypatch.setattr(paper_runs.subprocess, "Popen", _no_training)
+    monkeypatch.setattr(paper_runs, "run_in_session", _no_training)
     out = tmp_path / "runs" / "lr0.01-s0"
     finished_run(out, tmp_path, "--lr", "0.01")
     with pytest.raises(_Stop):
