@@ -182,14 +182,14 @@ def run_command(method: str, clients: int, command: list[str], out: Path, distri
     with open(log_path, "w") as log:  # a timeout ends mpirun and every rank (its session)
         finished = run_in_session(command, timeout, env=subprocess_env(), cwd=REPO, stdout=log,
                                   stderr=log)
-    status, rusage = finished.returncode, finished.rusage
     if finished.timed_out:
         outcome.status = f"failed (timeout after {timeout:.0f} s)"
     outcome.wall_seconds = time.perf_counter() - start
-    if rusage is not None:
-        outcome.process_peak_rss_mb = rusage.ru_maxrss / 1024  # KB on Linux
-    if outcome.status == "done" and (status != 0 or not (out / "final.json").exists()):
-        outcome.status = f"failed ({status}, {last_error_line(log_path)})"
+    if finished.peak_rss_mb is not None:
+        outcome.process_peak_rss_mb = finished.peak_rss_mb
+    if outcome.status == "done" and (finished.returncode != 0
+                                     or not (out / "final.json").exists()):
+        outcome.status = f"failed ({finished.returncode}, {last_error_line(log_path)})"
     read_metrics(outcome, out)
     print(f"   {outcome.status}, {outcome.wall_seconds:.0f} s (log: {log_path})", flush=True)
     return outcome

@@ -60,21 +60,31 @@ def interrupts_held() -> Iterator[None]:
             signal.raise_signal(signum)
 
 
+def process_state(pid: int) -> tuple[str, int, int] | None:
+    """``(state, parent pid, session id)`` of a process from /proc/<pid>/stat; None if it is
+    gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            after_name = stat.read().rsplit(b")", 1)[1].split()  # the name may hold spaces
+    except (OSError, IndexError):
+        return None
+    return after_name[0].decode(), int(after_name[1]), int(after_name[3])  # state ppid pgrp sid
+
+
+def is_live(state: tuple[str, int, int] | None) -> bool:
+    """Running or sleeping: not gone, not a zombie (only its parent can reap that, and it holds
+    nothing)."""
+    return state is not None and state[0] not in ("Z", "X")
+
+
 def session_members(session_id: int) -> list[int]:
-    """The pids of every live process (zombies left out: they hold no resources and only their
-    parent can reap them) whose session id is ``session_id``, from /proc/<pid>/stat."""
+    """The pids of every live process whose session id is ``session_id``."""
     members = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()  # after "(comm)": a name may hold spaces
-        except OSError:  # it ended meanwhile
-            continue
-        state, session = fields[0], int(fields[3])  # state ppid pgrp session ...
-        if session == session_id and state not in (b"Z", b"X"):
-            members.append(int(entry))
+        if entry.isdigit():
+            state = process_state(int(entry))
+            if is_live(state) and state[2] == session_id:
+                members.append(int(entry))
     return members
 
 
@@ -128,9 +138,6 @@ def run_in_session(command: Sequence[str], timeout: float, **popen_kwargs: Any) 
                 return Finished(end_session(process), True)
             time.sleep(POLL_SECONDS)
     except BaseException:
-        if process is not None:
-            if process.returncode is None:
-                end_session(process)
-            else:
-                kill_session(process.pid)
+        if process is not None:  # reaped already or not, nothing of its session is left
+            end_session(process)
         raise

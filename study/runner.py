@@ -85,8 +85,10 @@ def execute(spec: RunSpec, shard_dir: Path, run_dir: Path) -> RunOutcome:
         finished = run_in_session(command, spec.timeout, stdout=out, stderr=err,
                                   env=subprocess_env(one_thread_per_rank=spec.distributed))
     returncode = -1 if finished.timed_out else finished.returncode
-    reason = (f"timed out after {spec.timeout:.0f} s" if finished.timed_out
-              else "" if returncode == 0 else f"exit status {returncode}")
+    if finished.timed_out:
+        reason = f"timed out after {spec.timeout:.0f} s"
+    else:
+        reason = "" if returncode == 0 else f"exit status {returncode}"
     seconds = time.perf_counter() - start
     if not reason and not (run_dir / "final.json").is_file():
         reason = "exited 0 without writing final.json"

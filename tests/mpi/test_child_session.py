@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fgl_common.child_session import run_in_session, session_members
+from fgl_common.child_session import (is_live, process_state, run_in_session,
+                                      session_members)
 from fgl_common.launch import mpi_launch_env, mpirun_path
 
 # each rank writes its pid, ignores SIGTERM (a rank stuck in a C call does not act on it) and
@@ -35,11 +36,7 @@ def _stubborn_job(out: Path) -> list[str]:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in (b"Z", b"X")
+    return is_live(process_state(pid))
 
 
 def _wait_for_pids(out: Path, count: int, seconds: float = 60) -> list[int]:
@@ -104,7 +101,7 @@ def test_a_launcher_killed_outright_leaves_no_rank_running(tmp_path):
     # unless the session is ended
     def kill_the_launcher(signum, frame):
         rank = int(sorted(tmp_path.glob("pid-*"))[0].read_text())
-        launcher = int(Path(f"/proc/{rank}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+        launcher = process_state(rank)[1]
         os.kill(launcher, signal.SIGKILL)
 
     previous = signal.signal(signal.SIGALRM, kill_the_launcher)
