@@ -410,6 +410,44 @@ def dropout(z: Features, p: float, rng: RandomStream, in_place: bool = False) ->
     return z * dropout_scale(z, p, rng)
 
 
+class _ReluDropout(torch.autograd.Function):
+    """relu(h) then inverted dropout, in place on h (a layer's fresh output, which no autograd
+    node saved), keeping only the result for backward: where it is positive the gradient passes
+    times the mask's scale, elsewhere not. Relu then dropout as two operations keep the relu's
+    result, the mask and the product, three [k, d] tensors of every hidden layer until backward;
+    this keeps one, which the next layer's weight product saves anyway. The same numbers, from
+    the same draws (``dropout_mask``), as relu then ``dropout``."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, p: float,  # type: ignore[override]
+                rng: RandomStream | None) -> torch.Tensor:
+        out = h.clamp_(min=0)
+        dropped = rng is not None and p > 0.0 and out.numel() > 0
+        if dropped and isinstance(rng, np.random.Generator) and out.device.type == "cpu" \
+                and out.is_contiguous():  # the mask times the rows in one pass, no mask array
+            dropout_mask(rng, tuple(out.shape), p, numpy_dtype(out.dtype), torch.get_num_threads(),
+                         times=out.detach().numpy(), into_times=True)
+        elif dropped:
+            out.mul_(dropout_scale(out, p, rng))
+        ctx.mark_dirty(h)
+        ctx.save_for_backward(out)
+        # the scale as the mask holds it (rounded to the tensor's type): the same products
+        ctx.scale = float(numpy_dtype(out.dtype)(1.0 / (1.0 - p))) if dropped else None
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        (out,) = ctx.saved_tensors
+        passed = grad.masked_fill(out <= 0, 0.0)
+        return (passed if ctx.scale is None else passed.mul_(ctx.scale)), None, None
+
+
+def relu_dropout(h: torch.Tensor, p: float, rng: RandomStream | None) -> torch.Tensor:
+    """relu(h), then dropout drawn from ``rng`` where one is given, in place on ``h``: a layer's
+    fresh output that nothing else holds. Backward keeps only the result (``_ReluDropout``)."""
+    return _ReluDropout.apply(h, p, rng)
+
+
 class GNN(nn.Module):
     """A stack of ``layers`` graph layers of one backbone, ReLU between them, none on the last."""
 
@@ -434,17 +472,23 @@ class GNN(nn.Module):
         Dropout applies when ``rng`` is given (training) and the model is in train mode.
         ``own_input``: x and ``op.input_aggregate`` are copies made for this one forward (a
         sampled step's rows), so the first layer's dropout overwrites them."""
+        rng = rng if self.training else None
+        # a hidden layer's input is dropped with the relu before it, in one step, except with
+        # history, whose change since the refresh takes the input's mask too
+        fused = rng is not None and op.history is None
         z = x
         for k, layer in enumerate(self.layers):
-            z = self._layer(k, layer, z, op, rng if self.training else None, own_input)
+            z = self._layer(k, layer, z, op, None if fused and k > 0 else rng, own_input)
             if k < len(self.layers) - 1:
-                z = torch.relu_(z)  # the layer's fresh output: its gradient needs the result only
+                # the layer's fresh output: its gradient needs the result only
+                z = relu_dropout(z, self.dropout_p, rng) if fused else torch.relu_(z)
         return z
 
     def _layer(self, k: int, layer: GraphLayer, z: Features, op: LayerOperator,
                rng: RandomStream | None, own_input: bool = False) -> torch.Tensor:
         """Layer k on its input z, with dropout where ``rng`` is given (in place on the first
-        layer's inputs where they are ``own_input``)."""
+        layer's inputs where they are ``own_input``; ``forward`` drops a hidden layer's input
+        with its relu and gives no ``rng`` then)."""
         if k > 0 and op.history is not None:
             past_input, past_aggregate = op.history[k - 1]
             change = z - past_input

@@ -87,7 +87,7 @@ from mpifgl.config import ROUND_NORMS
 from mpifgl.exchange import build_exchange
 from mpifgl.graph import ClientGraph, CrossExchangePlan, build_operator
 from mpifgl.methods.fedavg import FedAvgMethod, client_weight, local_graph
-from mpifgl.model import LayerOperator, dropout_scale, layer_type, linear, make_features
+from mpifgl.model import LayerOperator, layer_type, linear, make_features, relu_dropout
 from mpifgl.operators import CSRArrays, SparseMatrix, SparseOperator, numpy_dtype
 from mpifgl.registry import METHODS
 from mpifgl.secure import SecureSession
@@ -249,8 +249,7 @@ class FedGCNModel(nn.Module):
         else:
             h = self.first(x, op.graph)
         for k, layer in enumerate(self.layers):
-            mask = dropout_scale(h, self.dropout_p, rng) if rng is not None else None
-            h = _ReluDropout.apply(h, mask, 1.0 / (1.0 - self.dropout_p))
+            h = relu_dropout(h, self.dropout_p, rng)
             if k == len(self.layers) - 1 and op.own is not None:
                 # aggregated first, then transformed (M is linear): the [C_k, d] tensors are
                 # hidden-wide, and only the own rows are computed
@@ -259,30 +258,6 @@ class FedGCNModel(nn.Module):
             else:
                 h = layer(h, op.graph)
         return h
-
-
-class _ReluDropout(torch.autograd.Function):
-    """relu(h) * mask, in place on h (a layer's fresh output, which no autograd node saved),
-    keeping only the result for backward: where it is positive the gradient passes times the
-    mask's scale, elsewhere not. The same numbers as relu then dropout, which keep their input,
-    their mask and their output: at 2 hops each is a [C_k, hidden] tensor, most of the graph."""
-
-    @staticmethod
-    def forward(ctx, h: torch.Tensor, mask: torch.Tensor | None,  # type: ignore[override]
-                scale: float) -> torch.Tensor:
-        out = h.clamp_(min=0)
-        if mask is not None:
-            out.mul_(mask)
-        ctx.mark_dirty(h)
-        ctx.save_for_backward(out)
-        ctx.scale = scale if mask is not None else None
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        (out,) = ctx.saved_tensors
-        passed = grad.masked_fill(out <= 0, 0.0)
-        return (passed if ctx.scale is None else passed.mul_(ctx.scale)), None, None
 
 
 def _linear_reset(layer: nn.Linear, generator: torch.Generator) -> None:

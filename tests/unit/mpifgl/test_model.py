@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from mpifgl.graph import ClientGraph, build_operator
-from mpifgl.model import GNN, flatten, gradients, unflatten
+from mpifgl.model import (GNN, dropout, dropout_scale, flatten, gradients, relu_dropout,
+                          unflatten)
 from tests.helpers.graphs import random_graph, random_parts, write_shards
 from fgl_common.shard_format import load_client_shard, shard_filename
 
@@ -97,6 +98,74 @@ def test_a_forward_that_owns_its_input_masks_it_in_place_with_the_same_numbers(m
     (first, first_grads, first_state), (second, second_grads, second_state) = results
     assert torch.equal(first, second) and first_state == second_state
     assert all(torch.equal(a, b) for a, b in zip(first_grads, second_grads))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("p", [0.0, 0.3, 0.5])
+def test_the_fused_relu_and_dropout_gives_relu_then_dropouts_numbers(p, dtype):
+    """The same output and input gradient, bit for bit, from the same draws (the fused form
+    keeps only its output for backward), and the stream left in the same state."""
+    h = torch.randn(50, 6, generator=torch.Generator().manual_seed(1)).to(dtype)
+    grad = torch.randn(50, 6, generator=torch.Generator().manual_seed(2)).to(dtype)
+    found_in, expected_in = h.clone().requires_grad_(), h.clone().requires_grad_()
+    found_rng, expected_rng = np.random.default_rng(3), np.random.default_rng(3)
+    found = relu_dropout(found_in * 1.0, p, found_rng)
+    mask = dropout_scale(h, p, expected_rng)
+    relu = torch.relu(expected_in)
+    expected = relu * mask if mask is not None else relu
+    found.backward(grad)
+    expected.backward(grad)
+    assert torch.equal(found, expected) and torch.equal(found_in.grad, expected_in.grad)
+    assert found_rng.bit_generator.state == expected_rng.bit_generator.state
+    assert (mask is None) == (p == 0.0) and bool((found == 0).any())
+
+
+def _saved_bytes(run) -> int:
+    """Bytes of the distinct storages autograd saves while ``run()`` builds its graph."""
+    storages = {}
+
+    def pack(tensor):
+        storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        run()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("backbone", ["gcn", "1gnn", "sage"])
+def test_a_training_forward_with_dropout_is_relu_then_dropout_and_keeps_less(merged, backbone):
+    """The model's training forward equals its layers called one by one with relu, then
+    dropout of each layer's input from the same stream: logits and every gradient bit for bit.
+    It keeps one [n, hidden] tensor of each hidden layer for backward where the two operations
+    keep three."""
+    x = torch.from_numpy(merged.x).double()
+    op = full_operator(merged, backbone)
+    model = GNN(backbone, 5, 8, 3, 3, 0.4, seed=3, dtype=torch.float64)
+    rng = np.random.default_rng(6)
+    logits = model(x, op, rng)
+    logits.square().sum().backward()
+    found = [logits.detach()] + [p.grad.clone() for p in model.parameters()]
+
+    model.zero_grad()
+    expected_rng = np.random.default_rng(6)
+
+    def unfused():
+        z = x
+        for k, layer in enumerate(model.layers):
+            z = layer(dropout(z, 0.4, expected_rng), op)
+            z = torch.relu(z) if k < len(model.layers) - 1 else z
+        return z
+    expected = unfused()
+    expected.square().sum().backward()
+    assert torch.equal(found[0], expected.detach())
+    assert all(torch.equal(a, p.grad) for a, p in zip(found[1:], model.parameters()))
+    assert rng.bit_generator.state == expected_rng.bit_generator.state
+
+    expected_rng = np.random.default_rng(6)
+    hidden_bytes = 30 * 8 * 8  # one [n, hidden] float64 tensor
+    fused_bytes = _saved_bytes(lambda: model(x, op, np.random.default_rng(6)))
+    unfused_bytes = _saved_bytes(unfused)
+    assert unfused_bytes - fused_bytes >= 2 * 2 * hidden_bytes  # two hidden layers, two each
 
 
 def test_same_seed_same_weights_and_an_unknown_backbone_is_named():

@@ -14,8 +14,7 @@ from mpifgl.config import TrainConfig
 from mpifgl.graph import ClientGraph, build_operator
 from mpifgl.methods import build_trainer, get_method
 from mpifgl.methods.fedavg import client_weight
-from mpifgl.methods.fedgcn import _ReluDropout, pre_training_round
-from mpifgl.model import dropout_scale
+from mpifgl.methods.fedgcn import pre_training_round
 from mpifgl.model import flatten
 from mpifgl.secure import SecureSession
 from mpifgl.train import USAGE_ERROR, parse_args
@@ -250,20 +249,3 @@ def test_each_bad_flag_is_a_clear_error_at_start(argv, message, capsys):
 def test_zero_hops_and_one_layer_is_fedavgs_one_layer_model():
     parse_args(["--algo", "fedgcn", "--hops", "0", "--layers", "1"], quiet=True)
     parse_args(["--algo", "fedgcn", "--hops", "0", "--exchange", "reduce"], quiet=True)
-
-
-@pytest.mark.parametrize("p", [0.0, 0.5])
-def test_the_fused_relu_and_dropout_gives_relu_then_dropouts_numbers(p):
-    """The same output and input gradient, bit for bit, from the same mask (the fused form keeps
-    only its output for backward)."""
-    h = torch.randn(50, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    mask = dropout_scale(h, p, np.random.default_rng(3))
-    grad = torch.randn(50, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-    found_in, expected_in = h.clone().requires_grad_(), h.clone().requires_grad_()
-    found = _ReluDropout.apply(found_in * 1.0, mask, 1.0 / (1.0 - p))
-    relu = torch.relu(expected_in)
-    expected = relu * mask if mask is not None else relu
-    found.backward(grad)
-    expected.backward(grad)
-    assert torch.equal(found, expected) and torch.equal(found_in.grad, expected_in.grad)
-    assert (mask is None) == (p == 0.0) and bool((found == 0).any())
