@@ -55,7 +55,7 @@ import torch.nn.functional as F
 
 from mpifgl.communicator import Communicator, allreduce_traffic, broadcast_traffic
 from mpifgl.graph import ClientGraph
-from mpifgl.model import dropout, flatten, unflatten
+from mpifgl.model import dropout, flatten, relu_dropout, unflatten
 from mpifgl.operators import CSRArrays, SparseMatrix
 from mpifgl.tensor_memory import SavedActivations, held_adjacency, tensor_report
 from mpifgl.trainer import RankSetup, dropout_stream
@@ -235,13 +235,12 @@ class CAGNETMethod:
     # -- one step -------------------------------------------------------------------------------
     def forward(self, training: bool) -> torch.Tensor:
         """This block row's logits [n_b, C] (collective over the client ranks)."""
-        h = self.x
+        rng = self.setup.dropout_rng if training else None
+        h = self.x if rng is None else dropout(self.x, self.config.dropout, rng)
         for index, layer in enumerate(self.layers):
-            if training:
-                h = dropout(h, self.config.dropout, self.setup.dropout_rng)
             h = _BlockRowGCNLayer.apply(h, layer.lin.weight, layer.bias, self.schedule, index)
-            if index < len(self.layers) - 1:
-                h = torch.relu(h)
+            if index < len(self.layers) - 1:  # and the next layer's dropout, as every GNN here
+                h = relu_dropout(h, self.config.dropout, rng)
         return h
 
     def loss_and_gradients(self) -> float:

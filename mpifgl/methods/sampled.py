@@ -32,7 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fgl_common.arrays import offsets
-from mpifgl.model import SAGELayer, dropout, layer_type, linear, make_features, select_rows
+from mpifgl.model import (SAGELayer, dropout, layer_type, linear, make_features, relu_dropout,
+                          select_rows)
 from mpifgl.operators import SparseFeatures, torch_csr
 from mpifgl.optim import Adam
 from mpifgl.trainer import RankSetup
@@ -223,10 +224,9 @@ class PyGStack(nn.Module):
         for every layer, or one [n_dst, n_src] per layer (a trimmed mini-batch: each layer's
         first n_dst input rows are its targets). A sparse adjacency makes PyG aggregate with one
         sparse-dense product instead of materialising a [num_edges, width] message tensor."""
-        z = x
+        rng = rng if self.training else None
+        z = x if rng is None else dropout(x, self.dropout_p, rng)
         for k, layer in enumerate(self.layers):
-            if rng is not None and self.training:
-                z = dropout(z, self.dropout_p, rng)
             layer_adjacency = adjacency[k] if isinstance(adjacency, list) else adjacency
             if isinstance(z, SparseFeatures):
                 z = sparse_input_conv(layer, z, layer_adjacency)
@@ -234,8 +234,8 @@ class PyGStack(nn.Module):
                 z = layer((z, z[:layer_adjacency.shape[0]]), layer_adjacency)
             else:
                 z = layer(z, layer_adjacency)
-            if k < len(self.layers) - 1:
-                z = torch.relu(z)
+            if k < len(self.layers) - 1:  # a conv's fresh output; the next layer's dropout too
+                z = relu_dropout(z, self.dropout_p, rng)
         return z
 
 

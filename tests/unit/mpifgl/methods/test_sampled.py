@@ -73,6 +73,35 @@ def test_trimmed_graphsage_batch_equals_the_untrimmed_pyg_stack(toy_graph):
         assert (a - b).abs().max().item() < 1e-12
 
 
+@pytest.mark.parametrize("conv", ["gcn", "sage"])
+def test_the_pyg_stack_with_dropout_is_relu_then_dropout_of_each_input(toy_graph, conv):
+    """Training with dropout: the stack's logits and weight gradients equal its convs called one
+    by one, each input dropped from the same stream and relu between them, bit for bit (the
+    stack drops a hidden input with its relu in one step)."""
+    from torch_geometric.nn import GCNConv, SAGEConv
+    from mpifgl.methods.sampled import PyGStack
+    from mpifgl.model import dropout
+    make = (lambda i, o: GCNConv(i, o)) if conv == "gcn" else (lambda i, o: SAGEConv(i, o))
+    x = torch.from_numpy(np.asarray(toy_graph.x, np.float64))
+    adjacency = toy_graph.adj.tocsr()
+    sparse = torch.sparse_csr_tensor(torch.from_numpy(adjacency.indptr.astype(np.int64)),
+                                     torch.from_numpy(adjacency.indices.astype(np.int64)),
+                                     torch.ones(adjacency.nnz, dtype=torch.float64),
+                                     adjacency.shape)
+    model = PyGStack(make, [x.shape[1], 6, 5, 3], 0.5, 0, torch.float64)
+    rng, expected_rng = np.random.default_rng(8), np.random.default_rng(8)
+    found = model(x, sparse, rng)
+    z = x
+    for k, layer in enumerate(model.layers):
+        z = layer(dropout(z, 0.5, expected_rng), sparse)
+        z = torch.relu(z) if k < 2 else z
+    assert torch.equal(found, z)
+    grads = [torch.autograd.grad(out.square().sum(), list(model.parameters()))
+             for out in (found, z)]
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    assert rng.bit_generator.state == expected_rng.bit_generator.state
+
+
 @pytest.mark.usefixtures("one_torch_thread")  # thousands of tiny products: no thread to wake
 def test_graphsaint_normalisation_is_unbiased(toy_graph):
     adjacency = toy_graph.adj.tocsr()
