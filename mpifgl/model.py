@@ -423,12 +423,10 @@ class _ReluDropout(torch.autograd.Function):
                 rng: RandomStream | None) -> torch.Tensor:
         out = h.clamp_(min=0)
         dropped = rng is not None and p > 0.0 and out.numel() > 0
-        if dropped and isinstance(rng, np.random.Generator) and out.device.type == "cpu" \
-                and out.is_contiguous():  # the mask times the rows in one pass, no mask array
-            dropout_mask(rng, tuple(out.shape), p, numpy_dtype(out.dtype), torch.get_num_threads(),
-                         times=out.detach().numpy(), into_times=True)
-        elif dropped:
-            out.mul_(dropout_scale(out, p, rng))
+        if dropped:  # detached: ``dropout`` masks a tensor without gradient in place
+            masked = dropout(out.detach(), p, rng, in_place=True)
+            if masked.data_ptr() != out.data_ptr():  # a non-contiguous out got a masked copy
+                out.copy_(masked)
         ctx.mark_dirty(h)
         ctx.save_for_backward(out)
         # the scale as the mask holds it (rounded to the tensor's type): the same products
@@ -475,13 +473,12 @@ class GNN(nn.Module):
         rng = rng if self.training else None
         # a hidden layer's input is dropped with the relu before it, in one step, except with
         # history, whose change since the refresh takes the input's mask too
-        fused = rng is not None and op.history is None
+        fused = op.history is None
         z = x
         for k, layer in enumerate(self.layers):
             z = self._layer(k, layer, z, op, None if fused and k > 0 else rng, own_input)
-            if k < len(self.layers) - 1:
-                # the layer's fresh output: its gradient needs the result only
-                z = relu_dropout(z, self.dropout_p, rng) if fused else torch.relu_(z)
+            if k < len(self.layers) - 1:  # the layer's fresh output, which nothing else holds
+                z = relu_dropout(z, self.dropout_p, rng if fused else None)
         return z
 
     def _layer(self, k: int, layer: GraphLayer, z: Features, op: LayerOperator,
