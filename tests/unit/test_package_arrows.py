@@ -11,6 +11,7 @@ same in a fresh interpreter, third-party packages included.
 from __future__ import annotations
 
 import ast
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -21,15 +22,27 @@ from tests.helpers import REPO
 OUR_PACKAGES = ("fgl_common", "data_prep", "mpifgl", "study")
 
 
+# keyed on the text, not the path: a file written again is scanned again; every test here
+# scans the same packages, so each file is parsed and walked once per session
+@lru_cache(maxsize=None)
+def parsed(text: str, filename: str) -> ast.Module:
+    return ast.parse(text, filename)
+
+
 def imported_packages(path: Path) -> set[str]:
     """Top-level names of every absolute import in ``path``, function-level ones included."""
+    return set(_imported_packages(path.read_text(), str(path)))
+
+
+@lru_cache(maxsize=None)
+def _imported_packages(text: str, filename: str) -> frozenset[str]:
     packages = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parsed(text, filename)):
         if isinstance(node, ast.Import):
             packages.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             packages.add(node.module.split(".")[0])
-    return packages
+    return frozenset(packages)
 
 
 @pytest.mark.parametrize("package,forbidden", [
@@ -53,13 +66,18 @@ def test_the_scan_sees_lazy_imports(tmp_path):
 
 def imported_modules(path: Path) -> set[str]:
     """Dotted names of every absolute import in ``path`` (``from a import b`` gives ``a``)."""
+    return set(_imported_modules(path.read_text(), str(path)))
+
+
+@lru_cache(maxsize=None)
+def _imported_modules(text: str, filename: str) -> frozenset[str]:
     modules = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parsed(text, filename)):
         if isinstance(node, ast.Import):
             modules |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             modules.add(node.module)
-    return modules
+    return frozenset(modules)
 
 
 def _runs_at_import(statements: list[ast.stmt]):
@@ -104,7 +122,7 @@ def loaded_at_import(module: str, root: Path = REPO) -> set[str]:
             path = source_of(prefix, root)
             if path is None:
                 continue
-            for node in _runs_at_import(ast.parse(path.read_text(), str(path)).body):
+            for node in _runs_at_import(parsed(path.read_text(), str(path)).body):
                 if isinstance(node, ast.Import):
                     todo += [a.name for a in node.names]
                 elif node.level == 0 and node.module:

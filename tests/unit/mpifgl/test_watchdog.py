@@ -13,7 +13,7 @@ from mpifgl.watchdog import (EPOCHS_OF_TIMEOUT, FLOOR_SECONDS, SETUP_SECONDS, St
                              collective_name, timeout_seconds)
 
 # a world that moves quickly: each wait may last TIMEOUT, a live monitor answers well within ANSWER
-TIMEOUT, POLL, ANSWER = 0.1, 0.01, 0.5
+TIMEOUT, POLL, ANSWER = 0.05, 0.01, 0.3
 
 
 def test_the_timeout_rule():

@@ -104,6 +104,10 @@ def test_the_pyg_stack_with_dropout_is_relu_then_dropout_of_each_input(toy_graph
 
 @pytest.mark.usefixtures("one_torch_thread")  # thousands of tiny products: no thread to wake
 def test_graphsaint_normalisation_is_unbiased(toy_graph):
+    """The estimated coefficients on 1500 fresh subgraphs: a subgraph's loss-weight total has a
+    standard deviation of about 0.27, so its mean has a standard error of 0.007 and the 0.05
+    tolerance is 7 of them; nodes in >= 50 subgraphs (1 in 30, every node with neighbours
+    here) average their incoming weight sums."""
     adjacency = toy_graph.adj.tocsr()
     sampler = RandomWalkSampler(adjacency, roots=6, walk_length=2, rng=np.random.default_rng(1))
     loss_weight, edge_norm, mean_size = saint_normalisation(sampler, toy_graph.train_mask,
@@ -112,7 +116,7 @@ def test_graphsaint_normalisation_is_unbiased(toy_graph):
     # Fresh subgraphs: sum of the loss weights over a subgraph's training nodes averages to 1,
     # and, given v is sampled, its incoming aggregator weights sum to deg(v) on average.
     fresh = RandomWalkSampler(adjacency, roots=6, walk_length=2, rng=np.random.default_rng(2))
-    draws = 6000
+    draws = 1500
     totals = np.empty(draws)
     incoming = np.zeros(toy_graph.num_nodes)
     present = np.zeros(toy_graph.num_nodes)
@@ -123,7 +127,7 @@ def test_graphsaint_normalisation_is_unbiased(toy_graph):
         present[nodes] += 1
     assert totals.mean() == pytest.approx(1.0, abs=0.05)
     degree = np.diff(adjacency.indptr)
-    seen = (present > 200) & (degree > 0)
+    seen = (present > draws / 30) & (degree > 0)
     assert np.mean(incoming[seen] / present[seen] / degree[seen]) == pytest.approx(1.0, abs=0.1)
 
 
