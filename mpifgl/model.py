@@ -50,7 +50,8 @@ class LayerOperator:
     self_scale: torch.Tensor
     exchange: Any = None
     # --exact-first-layer: the first layer's propagation of its input over EVERY neighbour,
-    # row_scale * (A (col_scale * x)) with p = 1, for the rows [k, in_dim]; None: propagated
+    # row_scale * (A (col_scale * x)) with p = 1, for the rows [k, in_dim] (a sampled step's
+    # copy, which its training forward overwrites); None: propagated
     input_aggregate: torch.Tensor | None = None
     # --history-every: for each layer above the first, (its input and that input's exact
     # aggregate, as of the last refresh) for the rows; the layer samples only the change since
@@ -170,10 +171,12 @@ class GraphLayer(nn.Module):
         sampled = self.propagate(self.message(change) * op.col_scale, op)
         return self.update(_add(sampled, self.message(past)), z, message, op)
 
-    def forward_aggregated(self, z: Features, aggregate: torch.Tensor,
-                           op: LayerOperator) -> torch.Tensor:
+    def forward_aggregated(self, z: Features, aggregate: torch.Tensor, op: LayerOperator,
+                           in_place: bool = False) -> torch.Tensor:
         """The layer on an input whose propagation is done: ``aggregate`` = row_scale * (A
-        (col_scale * z)). M is linear, so the propagation of M(z) is M of the aggregate."""
+        (col_scale * z)). M is linear, so the propagation of M(z) is M of the aggregate.
+        ``in_place``: ``aggregate`` is a copy for this call alone, which the layer may
+        overwrite."""
         message = self.message(z) if torch.is_grad_enabled() else None
         return self.update(self.message(aggregate), z, message, op)
 
@@ -215,6 +218,18 @@ class GCNLayer(GraphLayer):
         own = op.self_scale * message if message is not None else \
             linear(z, self.lin.weight).mul_(op.self_scale)
         return _add(_add(aggregated, own), self.bias)
+
+    def forward_aggregated(self, z: Features, aggregate: torch.Tensor, op: LayerOperator,
+                           in_place: bool = False) -> torch.Tensor:
+        """(aggregate + self_scale * z) W^T + b: the propagation and the self term share the
+        weight, so one product of their sum (written over ``aggregate`` where ``in_place``),
+        whose autograd keeps one [k, in] input where two products kept both and held two
+        [k, out] results beside the output."""
+        if isinstance(z, SparseFeatures):
+            return super().forward_aggregated(z, aggregate, op)
+        combined = (aggregate.addcmul_(op.self_scale, z) if in_place
+                    else torch.addcmul(aggregate, op.self_scale, z))
+        return _add(linear(combined, self.lin.weight), self.bias)
 
 
 class RootAndNeighbourLayer(GraphLayer):
@@ -469,7 +484,8 @@ class GNN(nn.Module):
         """x: [|S_i|, in_dim] rows of the sample; returns logits [|S_i|, out_dim].
         Dropout applies when ``rng`` is given (training) and the model is in train mode.
         ``own_input``: x and ``op.input_aggregate`` are copies made for this one forward (a
-        sampled step's rows), so the first layer's dropout overwrites them."""
+        sampled step's rows), so the first layer overwrites them (its dropout, and GCN's
+        self term added into the aggregate)."""
         rng = rng if self.training else None
         # a hidden layer's input is dropped with the relu before it, in one step, except with
         # history, whose change since the refresh takes the input's mask too
@@ -500,7 +516,7 @@ class GNN(nn.Module):
             aggregate = op.input_aggregate
             if rng is not None:  # the aggregate's own draws: it replaces the input's propagation
                 aggregate = dropout(aggregate, self.dropout_p, rng, in_place)
-            return layer.forward_aggregated(z, aggregate, op)
+            return layer.forward_aggregated(z, aggregate, op, in_place)
         return layer(z, op)
 
 

@@ -6,12 +6,12 @@ numpy arrays), once per shard and once per sampled step; the products go through
 ``SparseMatrix.matmul`` (no autograd) and ``SparseOperator`` (``op @ y`` with autograd), which
 take and return torch tensors on the matrix's device. Backends:
 
-* CPU, several threads (``set_cpu_threads``, from ``--threads``): a CSR loop compiled with
-  numba, rows shared out among the threads; every output row is summed by one thread in
-  scipy's order, so the results are scipy's bit for bit whatever the thread count;
-* CPU, one thread: the same numba loop in a process that holds a large matrix
-  (``ONE_THREAD_KERNEL_MIN_ENTRIES``), else scipy's CSR kernel on numpy views of the tensors
-  (no copy; faster than torch's sparse CSR product on sampled matrices, docs/training.md);
+* CPU, a matrix of ``TORCH_KERNEL_MIN_ENTRIES`` or more: torch's sparse CSR product (MKL's
+  where torch has it) written straight into its result, its rows shared out among torch's
+  threads (``--threads``) with the same bits for any thread count; nothing is loaded beyond
+  torch;
+* CPU, a smaller matrix: scipy's CSR kernel on numpy views of the tensors (no copy; its call
+  costs less than torch's, docs/training.md);
 * CUDA: torch's sparse CSR product (cuSPARSE), the matrix copied to the device once.
 
 Nothing outside this module multiplies with scipy or sees the numpy array of a product.
@@ -36,17 +36,14 @@ try:  # the kernels behind scipy's csr_matrix @ dense and .tocsc(), without per-
 except ImportError:  # a scipy that moved them: the public (slower) routes still work
     _csr_matvecs = _csr_tocsc = None
 
-# threads of the CPU sparse kernel (set_cpu_threads): 1 keeps scipy's single-threaded kernel
+# threads of the CPU products (set_cpu_threads): SparseFeatures' transposed product picks its
+# route by it; torch's own count (torch.set_num_threads, mpifgl.hardware) runs the CSR kernel
 _CPU_THREADS = [1]
-# below this many stored entries a product runs on one thread (no thread start-up to pay)
-PARALLEL_MIN_ENTRIES = 20_000
-# On one thread the numba loop beats scipy's on matrices this large and only ties below, and
-# loading numba costs a process a noticeable start-up (docs/hardware.md,
-# benchmarks/bench_kernels.py): a process loads it when it builds a matrix this large, then
-# uses it for every product of PARALLEL_MIN_ENTRIES or more (same sums, same order, same bits).
-ONE_THREAD_KERNEL_MIN_ENTRIES = 1_000_000
-# (indptr, indices, data) dtypes the parallel kernel was already compiled or loaded for
-_WARM_SIGNATURES: set[tuple[np.dtype, np.dtype, np.dtype]] = set()
+# From this many stored entries torch's CSR kernel is faster than scipy's (1.4-1.6x at 20,000
+# entries and at a products client's 7.7 million, one thread; 1.4-2.7x the numba loop this
+# replaced, which cost a process 108 MB; benchmarks/bench_kernels.py); below, scipy's call
+# costs less
+TORCH_KERNEL_MIN_ENTRIES = 20_000
 
 # torch marks sparse CSR as beta; we only use CSR @ dense, which is stable.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
@@ -58,58 +55,29 @@ def set_cpu_threads(threads: int) -> None:
     _CPU_THREADS[0] = max(1, int(threads))
 
 
-def _parallel_loop():
-    """The CSR product as a numba loop over rows in parallel, compiled on first use (runs with
-    one thread never import numba)."""
-    if not hasattr(_parallel_loop, "compiled"):
-        import numba
-        # numba's own thread pool: an OpenMP one would spin against torch's between the two
-        # libraries' calls (much slower epochs, docs/hardware.md)
-        numba.config.THREADING_LAYER = "workqueue"
-
-        @numba.njit(parallel=True, nogil=True, cache=True)
-        def csr_matmul(indptr, indices, data, dense, out):  # pragma: no cover - compiled
-            for row in numba.prange(indptr.shape[0] - 1):
-                target = out[row]
-                for k in range(indptr[row], indptr[row + 1]):
-                    value = data[k]
-                    source = dense[indices[k]]
-                    for c in range(dense.shape[1]):
-                        target[c] += value * source[c]
-
-        _parallel_loop.compiled = csr_matmul
-        _parallel_loop.numba = numba
-    return _parallel_loop.compiled, _parallel_loop.numba
-
-
-def warm_parallel_loop(arrays: "CSRArrays") -> None:
-    """Compile (or load from numba's cache) the parallel kernel for these arrays' types, and
-    start its threads, now: at set-up rather than inside the first training step, whose time
-    it would add to the first epoch's (docs/hardware.md)."""
-    key = (arrays.indptr.dtype, arrays.indices.dtype, arrays.data.dtype)
-    if key in _WARM_SIGNATURES:
-        return
-    loop, _ = _parallel_loop()
-    dtype = arrays.data.dtype
-    loop(arrays.indptr[:1], arrays.indices[:0], arrays.data[:0], np.zeros((1, 1), dtype),
-         np.zeros((0, 1), dtype))
-    _WARM_SIGNATURES.add(key)
+def torch_csr_product(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, shape,
+                      dense: np.ndarray) -> torch.Tensor:
+    """CSR (indptr, indices, data) of ``shape`` @ a 2-D host array of the data's dtype by
+    torch's kernel, as a fresh tensor. addmm with beta 0 writes the result in place: torch's
+    ``csr @ dense`` computes into a second [rows, d] buffer and copies it."""
+    index = np.promote_types(indptr.dtype, indices.dtype)  # the kernel takes one index type
+    matrix = torch.sparse_csr_tensor(torch.from_numpy(np.asarray(indptr, index)),
+                                     torch.from_numpy(np.asarray(indices, index)),
+                                     torch.from_numpy(data), size=tuple(shape))
+    out = torch.empty((shape[0], dense.shape[1]), dtype=matrix.dtype)
+    return torch.addmm(out, matrix, torch.from_numpy(dense), beta=0, out=out)
 
 
 def csr_matmul_host(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, shape,
                     dense: np.ndarray) -> np.ndarray:
     """CSR (indptr, indices, data) of ``shape`` @ a C-contiguous 2-D host array of the data's
-    dtype -> a fresh array: the numba loop on several threads, or on one once this process
-    loaded it for these types (``ONE_THREAD_KERNEL_MIN_ENTRIES``), else scipy's kernel."""
+    dtype -> a fresh array: torch's kernel from ``TORCH_KERNEL_MIN_ENTRIES`` entries, else
+    scipy's."""
     rows, cols = shape
+    if indices.shape[0] >= TORCH_KERNEL_MIN_ENTRIES and rows and dense.shape[1]:
+        return torch_csr_product(indptr, indices, data, shape, dense).numpy()
     out = np.zeros((rows, dense.shape[1]), dtype=dense.dtype)
-    threads = _CPU_THREADS[0]
-    if indices.shape[0] >= PARALLEL_MIN_ENTRIES and (
-            threads > 1 or (indptr.dtype, indices.dtype, data.dtype) in _WARM_SIGNATURES):
-        loop, numba = _parallel_loop()
-        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-        loop(indptr, indices, data, dense, out)
-    elif _csr_matvecs is None:
+    if _csr_matvecs is None:
         out = sp.csr_matrix((data, indices, indptr), shape=shape) @ dense
     else:
         _csr_matvecs(rows, cols, dense.shape[1], indptr, indices, data, dense.ravel(),
@@ -294,9 +262,6 @@ class SparseMatrix:
         # for the same chunks in every layer and direction)
         self._on_device: torch.Tensor | None = None
         self._slices: dict[tuple[int, int], SparseMatrix] = {}
-        if self.device.type == "cpu" and self.arrays.nnz >= (
-                PARALLEL_MIN_ENTRIES if _CPU_THREADS[0] > 1 else ONE_THREAD_KERNEL_MIN_ENTRIES):
-            warm_parallel_loop(self.arrays)
 
     def row_slice(self, first: int, last: int) -> "SparseMatrix":
         if (first, last) == (0, self.shape[0]):

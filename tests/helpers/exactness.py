@@ -5,6 +5,8 @@ The distributed run (``run_probe``) must equal both references: 1e-10 in float64
 """
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 
 import numpy as np
@@ -72,8 +74,17 @@ def operator_logits(comm, gnn, operator, num_classes: int) -> np.ndarray:
         return np.zeros((0, num_classes))
     gnn.model.eval()
     with torch.no_grad():
-        return gnn.model(select_rows(gnn.x, operator.rows),
-                         operator).detach().cpu().numpy().astype(np.float64)
+        return gnn.model(select_rows(gnn.x, operator.rows), unspent(gnn, operator)
+                         ).detach().cpu().numpy().astype(np.float64)
+
+
+def unspent(gnn, operator):
+    """``operator`` as before its training step, which overwrote the step's copy of the input
+    aggregate's rows (--exact-first-layer): a fresh copy of them."""
+    if gnn.input_aggregate is None or operator.input_aggregate is None:
+        return operator
+    return dataclasses.replace(operator, input_aggregate=torch.index_select(
+        gnn.input_aggregate, 0, operator.rows))
 
 
 def centralized_reference(shard_dir, backbone: str, dtype: str, layers: int, sampled=False):
@@ -98,7 +109,8 @@ def centralized_reference(shard_dir, backbone: str, dtype: str, layers: int, sam
     operator, train_rows = gnn.operator_for_sample(merged)
     loss = gnn.loss_and_gradients(operator, train_rows)
     gnn.model.eval()
-    logits = gnn.model(select_rows(gnn.x, operator.rows), operator).detach().numpy()
+    logits = gnn.model(select_rows(gnn.x, operator.rows),
+                       unspent(gnn, operator)).detach().numpy()
     rows = operator.rows.numpy()
     order = np.argsort(graph.global_id[rows])
     return loss, flat_grads(gnn.model), logits[order], graph.global_id[rows][order]

@@ -168,6 +168,35 @@ def test_a_training_forward_with_dropout_is_relu_then_dropout_and_keeps_less(mer
     assert unfused_bytes - fused_bytes >= 2 * 2 * hidden_bytes  # two hidden layers, two each
 
 
+def test_gcn_on_an_aggregated_input_is_one_product_of_the_sum_and_keeps_one_input(merged):
+    """GCN's first layer on a done propagation (--exact-first-layer): (aggregate + self_scale
+    * z) W^T + b equals the propagation's and the self term's products summed, output and
+    gradients (float64); autograd keeps one [n, in] tensor where the two products kept both.
+    SparseFeatures take the two products."""
+    from mpifgl.model import GCNLayer, GraphLayer
+    from mpifgl.operators import SparseFeatures
+    op = full_operator(merged, "gcn")
+    rng = np.random.default_rng(8)
+    z = torch.from_numpy(rng.standard_normal((30, 5)))
+    aggregate = torch.from_numpy(rng.standard_normal((30, 5)))
+    layer = GCNLayer(5, 4).double()
+    layer.reset(torch.Generator().manual_seed(1))
+    found = layer.forward_aggregated(z, aggregate, op)
+    found.square().sum().backward()
+    found_grads = [p.grad.clone() for p in layer.parameters()]
+    layer.zero_grad()
+    expected = GraphLayer.forward_aggregated(layer, z, aggregate, op)
+    expected.square().sum().backward()
+    torch.testing.assert_close(found, expected, rtol=1e-12, atol=1e-12)
+    for a, p in zip(found_grads, layer.parameters()):
+        torch.testing.assert_close(a, p.grad, rtol=1e-12, atol=1e-12)
+    one_input = 30 * 5 * 8
+    assert (_saved_bytes(lambda: GraphLayer.forward_aggregated(layer, z, aggregate, op))
+            - _saved_bytes(lambda: layer.forward_aggregated(z, aggregate, op))) >= one_input
+    sparse = layer.forward_aggregated(SparseFeatures.of_dense(z), aggregate, op)
+    torch.testing.assert_close(sparse, expected, rtol=1e-12, atol=1e-12)
+
+
 def test_same_seed_same_weights_and_an_unknown_backbone_is_named():
     first, second = (GNN("gcn", 4, 6, 2, 2, 0.5, seed=9) for _ in range(2))
     assert all(torch.equal(a, b) for a, b in zip(first.parameters(), second.parameters()))

@@ -1,5 +1,6 @@
-"""mpifgl.operators: CSR slicing equals scipy's, the products equal scipy's bit for bit, and
-sparse input features compute what dense ones do."""
+"""mpifgl.operators: CSR slicing equals scipy's, the products equal scipy's (bit for bit below
+TORCH_KERNEL_MIN_ENTRIES, to rounding above it), and sparse input features compute what dense
+ones do."""
 from __future__ import annotations
 
 import numpy as np
@@ -104,57 +105,39 @@ def test_csr_product_matches_scipy_and_its_autograd_uses_the_transpose(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_the_parallel_csr_kernel_is_ready_at_set_up_and_equals_scipy(dtype, monkeypatch):
-    """With --threads 2, a matrix large enough for the numba kernel compiles (or loads) it for
-    its types when it is built, not in the first product; its products equal scipy's (each
-    row's sum in the same order, so to rounding of the accumulation only)."""
-    monkeypatch.setattr(operators, "_CPU_THREADS", [2])
-    monkeypatch.setattr(operators, "_WARM_SIGNATURES", set())
+def test_a_large_matrix_runs_in_torchs_kernel_with_the_same_bits_on_any_thread_count(
+        dtype, monkeypatch):
+    """From TORCH_KERNEL_MIN_ENTRIES entries a product runs in torch's CSR kernel (below, in
+    scipy's: the test above): equal to scipy's to the rounding of the accumulation, with
+    empty rows and int64 indices, and the same bits on 1 to 4 threads (--threads)."""
     numpy_dtype = np.float64 if dtype == torch.float64 else np.float32
     matrix = sp.random(400, 300, density=0.2, format="csr", random_state=6, dtype=numpy_dtype)
-    assert matrix.nnz >= operators.PARALLEL_MIN_ENTRIES
-    product = SparseMatrix(CSRArrays.of(matrix), dtype)
-    arrays = product.arrays
-    assert operators._WARM_SIGNATURES == {(arrays.indptr.dtype, arrays.indices.dtype,
-                                           np.dtype(numpy_dtype))}
+    emptied = np.ones(400, dtype=numpy_dtype)
+    emptied[[3, 250]] = 0
+    matrix = (sp.diags(emptied) @ matrix).tocsr()
+    matrix.eliminate_zeros()
+    assert matrix.nnz >= operators.TORCH_KERNEL_MIN_ENTRIES
+    ran = []
+    kernel = operators.torch_csr_product
+    monkeypatch.setattr(operators, "torch_csr_product", lambda *a: ran.append(1) or kernel(*a))
+    arrays = CSRArrays.of(matrix)
+    wide = CSRArrays(arrays.indptr.astype(np.int64), arrays.indices, arrays.data, arrays.shape)
     dense = np.random.default_rng(7).standard_normal((300, 9)).astype(numpy_dtype)
-    got = product.matmul(torch.from_numpy(dense)).numpy()
     tolerance = 1e-12 if dtype == torch.float64 else 1e-5
-    np.testing.assert_allclose(got, matrix @ dense, rtol=tolerance, atol=tolerance)
-
-
-def test_one_thread_uses_the_numba_kernel_once_a_large_matrix_loaded_it(monkeypatch):
-    """On one thread a small matrix keeps scipy's kernel (numba is not loaded for it); a matrix
-    of ONE_THREAD_KERNEL_MIN_ENTRIES loads the numba loop at set-up, and from then on every
-    product of PARALLEL_MIN_ENTRIES or more of those types runs on it, equal to scipy's bit for
-    bit (each row summed in the same order)."""
-    monkeypatch.setattr(operators, "_CPU_THREADS", [1])
-    monkeypatch.setattr(operators, "_WARM_SIGNATURES", set())
-    monkeypatch.setattr(operators, "ONE_THREAD_KERNEL_MIN_ENTRIES", 40_000)
-    ran_numba = []
-    loop, numba = operators._parallel_loop()
-    monkeypatch.setattr(operators, "_parallel_loop",
-                        lambda: (lambda *a: ran_numba.append(1) or loop(*a), numba))
-    rng = np.random.default_rng(8)
-    small = sp.random(300, 300, density=0.3, format="csr", random_state=9, dtype=np.float32)
-    assert operators.PARALLEL_MIN_ENTRIES <= small.nnz < 40_000
-    dense = rng.standard_normal((300, 7)).astype(np.float32)
-    small_product = SparseMatrix(CSRArrays.of(small), torch.float32)
-    assert not operators._WARM_SIGNATURES
-    np.testing.assert_array_equal(small_product.matmul(torch.from_numpy(dense)).numpy(),
-                                  small @ dense)
-    assert not ran_numba  # scipy's kernel
-
-    large = sp.random(400, 300, density=0.4, format="csr", random_state=10, dtype=np.float32)
-    assert large.nnz >= 40_000
-    large_product = SparseMatrix(CSRArrays.of(large), torch.float32)
-    assert len(operators._WARM_SIGNATURES) == 1 and ran_numba  # loaded at set-up
-    ran_numba.clear()
-    np.testing.assert_array_equal(large_product.matmul(torch.from_numpy(dense)).numpy(),
-                                  large @ dense)
-    np.testing.assert_array_equal(small_product.matmul(torch.from_numpy(dense)).numpy(),
-                                  small @ dense)
-    assert len(ran_numba) == 2  # both products on the numba loop now
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for count in (1, 2, 3, 4):
+            torch.set_num_threads(count)
+            for held in (arrays, wide):
+                results.append(SparseMatrix(held, dtype).matmul(torch.from_numpy(dense)))
+    finally:
+        torch.set_num_threads(threads)
+    assert len(ran) == len(results)
+    np.testing.assert_allclose(results[0].numpy(), matrix @ dense, rtol=tolerance, atol=tolerance)
+    assert not results[0][[3, 250]].any()
+    for other in results[1:]:
+        assert torch.equal(other, results[0])
 
 
 def test_sparse_features_products_rows_and_dropout_equal_the_dense_ones():
