@@ -20,6 +20,7 @@ delivers them (a copy to the GPU and back would cost more than the sum).
 """
 from __future__ import annotations
 
+import ctypes
 import os
 from dataclasses import dataclass
 
@@ -117,3 +118,22 @@ def apply(placement: Placement) -> None:
     set_cpu_threads(placement.threads)
     if placement.device.type == "cuda":
         torch.cuda.set_device(placement.device)
+
+
+_LIBC: list = []  # [glibc's library, or None where there is none], looked up once
+
+
+def release_free_heap() -> bool:
+    """Give the pages of the allocator's free heap blocks back to the system (glibc's
+    ``malloc_trim``): blocks freed in the middle of the heap stay resident otherwise, and count
+    in the peak of whatever comes next. False where the C library is not glibc."""
+    if not _LIBC:
+        try:
+            libc = ctypes.CDLL("libc.so.6")
+            _LIBC.append(libc if hasattr(libc, "malloc_trim") else None)
+        except OSError:
+            _LIBC.append(None)
+    if _LIBC[0] is None:
+        return False
+    _LIBC[0].malloc_trim(0)
+    return True

@@ -28,7 +28,13 @@ from mpifgl.operators import SparseFeatures
 from mpifgl.sampling import (NodeSample, NodeSampler, client_sample_sizes, default_sample_size,
                              make_distribution, one_step_exact_first, steps_for_sample)
 from mpifgl.tensor_memory import SavedActivations, held_adjacency, nbytes, tensor_report
+from mpifgl.hardware import release_free_heap
 from mpifgl.trainer import RankSetup, on_host
+
+# From a step of this many rows on, the heap blocks its operator's construction freed are given
+# back before the forward: 80-100 MB less at a products client's peak, 10 ms a step; on small
+# steps the call (0.3 ms) would cost more than it frees (docs/hardware.md)
+RELEASE_HEAP_MIN_ROWS = 100_000
 
 
 class StepSampler(Protocol):
@@ -238,6 +244,8 @@ class GNNMethod:
         # The full-graph operator's rows are all nodes in order: no copy of the features. A
         # sample's rows are copied for this step alone, so dropout masks them in place.
         sampled = operator is not self.full_operator
+        if sampled and operator.rows.shape[0] >= RELEASE_HEAP_MIN_ROWS:
+            release_free_heap()  # the operator's temporaries: not resident through the peak
         x = select_rows(self.x, operator.rows) if sampled else self.x
         with self.activations.measure():
             logits = self.model(x, operator, self.setup.dropout_rng, own_input=sampled)

@@ -1,8 +1,12 @@
 """mpifgl.hardware: --threads auto divides the cores a process may use among the ranks of its
 node that share them and never gives more than SLURM_CPUS_PER_TASK; --device names the flag
-when it cannot be met; the placement of ranks that are threads (tests/helpers/thread_comm.py)."""
+when it cannot be met; the placement of ranks that are threads (tests/helpers/thread_comm.py);
+freed heap pages go back to the system."""
 from __future__ import annotations
 
+import os
+
+import numpy as np
 import pytest
 import torch
 
@@ -66,3 +70,22 @@ def test_placement_of_every_rank_of_a_node():
     assert placements[0].describe().startswith("cpu, ")
     fixed = ThreadWorld(2).run(lambda comm: hardware.place("cpu", "5", comm))
     assert [p.threads for p in fixed] == [5, 5]
+
+
+def _resident_mb() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="no /proc to read RSS from")
+def test_freed_heap_blocks_in_the_middle_of_the_heap_go_back_to_the_system():
+    """Blocks below glibc's mapping threshold come from its heap; freed below a block still in
+    use they stay resident, until release_free_heap gives their pages back."""
+    blocks = [np.ones(12_500) for _ in range(400)]  # 100 KB each, 40 MB, written: resident
+    fence = np.ones(12_500)  # above them: the heap cannot shrink from its top
+    del blocks
+    before = _resident_mb()
+    if not hardware.release_free_heap():
+        pytest.skip("the C library is not glibc")
+    assert _resident_mb() < before - 20
+    del fence
