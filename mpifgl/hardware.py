@@ -7,8 +7,9 @@ each, one process on 2 cores 2, and 4 ranks pinned to 4 cores each (``srun -c 4`
 client that computes on a GPU needs one core (its host work is the sampled operators and the
 copies), so where the clients are on GPUs they take one thread each and the server, which sums
 every client's messages on the host, the rest: 9 ranks on 16 cores and one GPU give the server
-8 threads. A number N is taken as given. The threads go to torch (dense products, elementwise work) and to
-the CPU sparse kernel (``mpifgl.operators.set_cpu_threads``).
+8 threads. A number N is taken as given. The threads go to torch (dense products, elementwise
+work, and the sparse products of ``mpifgl.operators``, which also learns the count:
+``set_cpu_threads``).
 
 Device, ``auto``: CUDA when torch sees a GPU, else the CPU. ``cuda``: the node's GPUs shared out
 by the rank's place among the node's ranks (an MPI shared-memory split, not only environment
