@@ -39,10 +39,9 @@ except ImportError:  # a scipy that moved them: the public (slower) routes still
 # threads of the CPU products (set_cpu_threads): SparseFeatures' transposed product picks its
 # route by it; torch's own count (torch.set_num_threads, mpifgl.hardware) runs the CSR kernel
 _CPU_THREADS = [1]
-# From this many stored entries torch's CSR kernel is faster than scipy's (1.4-1.6x at 20,000
-# entries and at a products client's 7.7 million, one thread; 1.4-2.7x the numba loop this
-# replaced, which cost a process 108 MB; benchmarks/bench_kernels.py); below, scipy's call
-# costs less
+# From this many stored entries torch's CSR kernel is faster than scipy's (1.2-2.2x from 15,000
+# entries to a products client's 7.5 million, one thread, benchmarks/bench_kernels.py; 1.4-2.8x
+# the numba loop it replaced, which cost a process 108 MB); below, scipy's call costs less
 TORCH_KERNEL_MIN_ENTRIES = 20_000
 
 # torch marks sparse CSR as beta; we only use CSR @ dense, which is stable.
