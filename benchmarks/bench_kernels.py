@@ -54,14 +54,11 @@ def main(argv: list[str] | None = None) -> None:
                                 (row_of, rng.integers(0, rows, rows * degree))), shape=(rows, rows))
         arrays = operators.CSRArrays.of(matrix)
         dense = rng.standard_normal((rows, width), dtype=np.float32)
-        def with_scipy():  # csr_matmul_host as it runs below the threshold
-            return operators.csr_matmul_host(arrays.indptr, arrays.indices, arrays.data,
-                                             arrays.shape, dense)
+        def with_scipy():
+            return operators.scipy_csr_product(arrays.indptr, arrays.indices, arrays.data,
+                                               arrays.shape, dense)
 
-        threshold = operators.TORCH_KERNEL_MIN_ENTRIES
-        operators.TORCH_KERNEL_MIN_ENTRIES = arrays.nnz + 1
         scipy_s, scipy_result = best_seconds(with_scipy, args.repeats), with_scipy()
-        operators.TORCH_KERNEL_MIN_ENTRIES = threshold
         torch_s, results = [], []
         for count in thread_counts:
             torch.set_num_threads(count)

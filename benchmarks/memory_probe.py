@@ -9,7 +9,8 @@ blocks). Printed when the program ends, to --out.
 
 ``--rank``: the MPI rank to watch (OMPI_COMM_WORLD_RANK or PMI_RANK; 0 outside mpirun). The
 sampling thread needs the GIL, so a high reached inside one long call is seen when it returns
-or releases it (numpy and torch release it in their kernels). Asserts nothing; docs/hardware.md
+or releases it (numpy and torch release it in their kernels). The probe imports mpifgl (and so torch) before
+the module runs, as the programs it watches do. Asserts nothing; docs/hardware.md
 ("Where a rank's memory goes") reads such a profile.
 """
 from __future__ import annotations
@@ -23,6 +24,14 @@ import sys
 import threading
 import time
 import traceback
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from mpifgl.hardware import glibc  # noqa: E402  (the repository root first)
+
+PROCESS = psutil.Process()
 
 STEP_MB = 50  # a new high this far above the last recorded one is recorded too
 PERIOD_S = 0.002
@@ -36,20 +45,18 @@ class _MallInfo2(ctypes.Structure):
 
 def _heap_line() -> str:
     """glibc's heap figures now, or why there are none."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallinfo2.restype = _MallInfo2
-        info = libc.mallinfo2()
-    except (OSError, AttributeError) as error:  # not glibc, or older than 2.33
-        return f"no mallinfo2 ({error})"
+    libc = glibc()
+    if libc is None or not hasattr(libc, "mallinfo2"):  # not glibc, or older than 2.33
+        return "no mallinfo2"
+    libc.mallinfo2.restype = _MallInfo2
+    info = libc.mallinfo2()
     mb = 2 ** 20
     return (f"heap {info.arena / mb:.0f} MB (in use {info.uordblks / mb:.0f}, free "
             f"{info.fordblks / mb:.0f}), mapped blocks {info.hblkhd / mb:.0f} MB in {info.hblks}")
 
 
 def _resident_mb() -> float:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+    return PROCESS.memory_info().rss / 2 ** 20
 
 
 class Probe:

@@ -8,8 +8,7 @@ client that computes on a GPU needs one core (its host work is the sampled opera
 copies), so where the clients are on GPUs they take one thread each and the server, which sums
 every client's messages on the host, the rest: 9 ranks on 16 cores and one GPU give the server
 8 threads. A number N is taken as given. The threads go to torch (dense products, elementwise
-work, and the sparse products of ``mpifgl.operators``, which also learns the count:
-``set_cpu_threads``).
+work, and the sparse products of ``mpifgl.operators``).
 
 Device, ``auto``: CUDA when torch sees a GPU, else the CPU. ``cuda``: the node's GPUs shared out
 by the rank's place among the node's ranks (an MPI shared-memory split, not only environment
@@ -22,6 +21,7 @@ delivers them (a copy to the GPU and back would cost more than the sum).
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from dataclasses import dataclass
 
@@ -29,7 +29,6 @@ import torch
 
 from mpifgl.communicator import Communicator
 from mpifgl.config import check_device_spec, parse_threads
-from mpifgl.operators import set_cpu_threads
 
 
 @dataclass(frozen=True)
@@ -116,25 +115,25 @@ def place(device: str, threads: str, comm: Communicator) -> Placement:
 def apply(placement: Placement) -> None:
     """Make this process compute where ``placement`` says."""
     torch.set_num_threads(placement.threads)
-    set_cpu_threads(placement.threads)
     if placement.device.type == "cuda":
         torch.cuda.set_device(placement.device)
 
 
-_LIBC: list = []  # [glibc's library, or None where there is none], looked up once
+@functools.cache
+def glibc() -> "ctypes.CDLL | None":
+    """The process's C library where it is glibc, else None."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+    return libc if hasattr(libc, "malloc_trim") else None
 
 
 def release_free_heap() -> bool:
     """Give the pages of the allocator's free heap blocks back to the system (glibc's
     ``malloc_trim``): blocks freed in the middle of the heap stay resident otherwise, and count
     in the peak of whatever comes next. False where the C library is not glibc."""
-    if not _LIBC:
-        try:
-            libc = ctypes.CDLL("libc.so.6")
-            _LIBC.append(libc if hasattr(libc, "malloc_trim") else None)
-        except OSError:
-            _LIBC.append(None)
-    if _LIBC[0] is None:
-        return False
-    _LIBC[0].malloc_trim(0)
-    return True
+    libc = glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+    return libc is not None

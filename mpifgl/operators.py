@@ -36,22 +36,13 @@ try:  # the kernels behind scipy's csr_matrix @ dense and .tocsc(), without per-
 except ImportError:  # a scipy that moved them: the public (slower) routes still work
     _csr_matvecs = _csr_tocsc = None
 
-# threads of the CPU products (set_cpu_threads): SparseFeatures' transposed product picks its
-# route by it; torch's own count (torch.set_num_threads, mpifgl.hardware) runs the CSR kernel
-_CPU_THREADS = [1]
-# From this many stored entries torch's CSR kernel is faster than scipy's (1.2-2.2x from 15,000
-# entries to a products client's 7.5 million, one thread, benchmarks/bench_kernels.py; 1.4-2.8x
-# the numba loop it replaced, which cost a process 108 MB); below, scipy's call costs less
+# From this many stored entries torch's CSR kernel is faster than scipy's; below, scipy's call
+# costs less (benchmarks/bench_kernels.py, docs/hardware.md)
 TORCH_KERNEL_MIN_ENTRIES = 20_000
 
 # torch marks sparse CSR as beta; we only use CSR @ dense, which is stable.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
-
-
-def set_cpu_threads(threads: int) -> None:
-    """Threads of the CPU sparse products from now on (``--threads``)."""
-    _CPU_THREADS[0] = max(1, int(threads))
 
 
 def torch_csr_product(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, shape,
@@ -72,9 +63,15 @@ def csr_matmul_host(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, s
     """CSR (indptr, indices, data) of ``shape`` @ a C-contiguous 2-D host array of the data's
     dtype -> a fresh array: torch's kernel from ``TORCH_KERNEL_MIN_ENTRIES`` entries, else
     scipy's."""
-    rows, cols = shape
-    if indices.shape[0] >= TORCH_KERNEL_MIN_ENTRIES and rows and dense.shape[1]:
+    if indices.shape[0] >= TORCH_KERNEL_MIN_ENTRIES and shape[0] and dense.shape[1]:
         return torch_csr_product(indptr, indices, data, shape, dense).numpy()
+    return scipy_csr_product(indptr, indices, data, shape, dense)
+
+
+def scipy_csr_product(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, shape,
+                      dense: np.ndarray) -> np.ndarray:
+    """The same product by scipy's CSR kernel, called directly (no csr_matrix per call)."""
+    rows, cols = shape
     out = np.zeros((rows, dense.shape[1]), dtype=dense.dtype)
     if _csr_matvecs is None:
         out = sp.csr_matrix((data, indices, indptr), shape=shape) @ dense
@@ -365,7 +362,7 @@ class SparseFeatures:
     def transpose_product(self, dense: np.ndarray) -> np.ndarray:
         """X^T @ dense (float64 host arrays): each output row summed over X's rows in order
         (scipy's CSC product of X.T on one thread; X^T as CSR, built once, on several)."""
-        if _CPU_THREADS[0] == 1:
+        if torch.get_num_threads() == 1:
             return np.ascontiguousarray(self.matrix.T @ dense)
         if self._transpose is None:
             arrays = CSRArrays(self.matrix.indptr, self.matrix.indices, self.matrix.data,

@@ -32,8 +32,8 @@ from mpifgl.hardware import release_free_heap
 from mpifgl.trainer import RankSetup, on_host
 
 # From a step of this many rows on, the heap blocks its operator's construction freed are given
-# back before the forward: 80-100 MB less at a products client's peak, 10 ms a step; on small
-# steps the call (0.3 ms) would cost more than it frees (docs/hardware.md)
+# back before the forward, where they would stay resident through the step's peak; a small
+# step frees too little to pay for the call (docs/hardware.md)
 RELEASE_HEAP_MIN_ROWS = 100_000
 
 

@@ -4,9 +4,9 @@ when it cannot be met; the placement of ranks that are threads (tests/helpers/th
 freed heap pages go back to the system."""
 from __future__ import annotations
 
-import os
 
 import numpy as np
+import psutil
 import pytest
 import torch
 
@@ -73,11 +73,9 @@ def test_placement_of_every_rank_of_a_node():
 
 
 def _resident_mb() -> float:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+    return psutil.Process().memory_info().rss / 2 ** 20
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="no /proc to read RSS from")
 def test_freed_heap_blocks_in_the_middle_of_the_heap_go_back_to_the_system():
     """Blocks below glibc's mapping threshold come from its heap; freed below a block still in
     use they stay resident, until release_free_heap gives their pages back."""
