@@ -213,9 +213,10 @@ class CrossExchangePlan:
         """From the touched rows of the transposed cross block [t, |S_i|]; this client's rows
         with a cross edge are the columns those rows use."""
         used = np.bincount(send_rows.indices, minlength=send_rows.shape[1])
-        receive_rows = np.flatnonzero(used).astype(np.int64)
-        return cls(SparseMatrix(send_rows, dtype, device), touched.astype(np.int64),
-                   receive_rows, segment_rows, own, cross_degree=used.astype(np.int64))
+        # asarray: the full graph's touched rows are the graph's own array, not a copy
+        receive_rows = np.asarray(np.flatnonzero(used), dtype=np.int64)
+        return cls(SparseMatrix(send_rows, dtype, device), np.asarray(touched, dtype=np.int64),
+                   receive_rows, segment_rows, own, cross_degree=np.asarray(used, np.int64))
 
     @classmethod
     def of_server(cls, segment_rows: np.ndarray) -> "CrossExchangePlan":

@@ -73,8 +73,9 @@ class CrossSum(Protocol):
     """The sum over other clients of their terms for this client's rows, attached to one
     propagation of one layer (collective: every rank calls it, in the same order)."""
 
-    def __call__(self, plan: Any, y: torch.Tensor) -> torch.Tensor:
-        """[k, d] -> [k, d], with autograd (backward is the same sum of the gradient)."""
+    def propagate(self, inner: Any, plan: Any, y: torch.Tensor) -> torch.Tensor:
+        """inner @ y + the sum, [k, d] -> [k, d], with autograd (backward: the inner block's
+        transpose and the same sum of the gradient); ``inner`` a ``SparseOperator``."""
         ...
 
     def add_into(self, plan: Any, y: torch.Tensor, total: torch.Tensor) -> None:
@@ -143,13 +144,16 @@ class GraphLayer(nn.Module):
     def propagate(self, y: torch.Tensor, op: LayerOperator, index: int = 0) -> torch.Tensor:
         """row_scale * (A_ii y + sum_{j != i} A_ij y_j): the cross-client sum through this
         layer's ``index``-th hook, if one is attached and the operator has a plan."""
-        total = op.inner @ y  # a fresh tensor that no autograd node saves: summed in place
+        # a fresh tensor that no autograd node saves, the cross-client sum added into it in place
         if self.cross_sums and op.exchange is not None:
             cross_sum = self.cross_sums[index]
             if torch.is_grad_enabled():
-                total.add_(cross_sum(op.exchange, y))
+                total = cross_sum.propagate(op.inner, op.exchange, y)
             else:
+                total = op.inner @ y
                 cross_sum.add_into(op.exchange, y, total)
+        else:
+            total = op.inner @ y
         return total.mul_(op.row_scale)  # the scale takes no gradient: total is not saved
 
     def forward(self, z: Features, op: LayerOperator) -> torch.Tensor:
@@ -430,8 +434,10 @@ class _ReluDropout(torch.autograd.Function):
     node saved), keeping only the result for backward: where it is positive the gradient passes
     times the mask's scale, elsewhere not. Relu then dropout as two operations keep the relu's
     result, the mask and the product, three [k, d] tensors of every hidden layer until backward;
-    this keeps one, which the next layer's weight product saves anyway. The same numbers, from
-    the same draws (``dropout_mask``), as relu then ``dropout``."""
+    this keeps one, which the next layer's weight product saves anyway, and its backward writes
+    the input gradient over it: the result must not be read after backward (a layer's input
+    inside a model, which nothing outside reads). The same numbers, from the same draws
+    (``dropout_mask``), as relu then ``dropout`` (a gradient of 0 may be -0)."""
 
     @staticmethod
     def forward(ctx, h: torch.Tensor, p: float,  # type: ignore[override]
@@ -450,14 +456,17 @@ class _ReluDropout(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        # written over the result: by now every later node that saved it has run, and a [k, d]
+        # gradient and a boolean mask allocated here would be the backward pass's peak
         (out,) = ctx.saved_tensors
-        passed = grad.masked_fill(out <= 0, 0.0)
+        passed = out.sign_().mul_(grad)  # out >= 0: 1 where positive, 0 elsewhere
         return (passed if ctx.scale is None else passed.mul_(ctx.scale)), None, None
 
 
 def relu_dropout(h: torch.Tensor, p: float, rng: RandomStream | None) -> torch.Tensor:
     """relu(h), then dropout drawn from ``rng`` where one is given, in place on ``h``: a layer's
-    fresh output that nothing else holds. Backward keeps only the result (``_ReluDropout``)."""
+    fresh output that nothing else holds. Backward keeps only the result and writes the gradient
+    over it (``_ReluDropout``)."""
     return _ReluDropout.apply(h, p, rng)
 
 

@@ -28,6 +28,7 @@ import torch
 
 from mpifgl.exchange.base import Exchange, Routing, Slot, chunk_bounds
 from mpifgl.graph import CrossExchangePlan
+from mpifgl.operators import SparseOperator
 from mpifgl.registry import EXCHANGES, lookup
 
 if TYPE_CHECKING:
@@ -136,24 +137,32 @@ class _Hook:
         self.sums = sums
         self.index = index
 
-    def __call__(self, plan: CrossExchangePlan, y: torch.Tensor) -> torch.Tensor:
-        return _CrossClientSum.apply(y, plan, self)
+    def propagate(self, inner: SparseOperator, plan: CrossExchangePlan,
+                  y: torch.Tensor) -> torch.Tensor:
+        return _InnerAndCrossSum.apply(y, inner, plan, self)
 
     def add_into(self, plan: CrossExchangePlan, y: torch.Tensor, total: torch.Tensor) -> None:
         self.sums.run(plan, y, "forward", self.index, total)
 
 
-class _CrossClientSum(torch.autograd.Function):
-    """sum_{j != i} A_ij[S_i, S_j] y_j. Self-adjoint over all clients, so backward = the same
-    exchange applied to the incoming gradient."""
+class _InnerAndCrossSum(torch.autograd.Function):
+    """A_ii y + sum_{j != i} A_ij[S_i, S_j] y_j, the exchange's sum added into the inner
+    product in place: one [k, d] result each way where a product and a sum were two. The
+    operator is self-adjoint over all clients, so backward is the inner block's transpose and the
+    same exchange applied to the incoming gradient."""
 
     @staticmethod
-    def forward(ctx, y: torch.Tensor, plan: CrossExchangePlan, hook: _Hook):  # type: ignore[override]
-        ctx.plan, ctx.hook = plan, hook
-        return hook.sums.run(plan, y.detach(), "forward", hook.index)
+    def forward(ctx, y: torch.Tensor, inner: SparseOperator,  # type: ignore[override]
+                plan: CrossExchangePlan, hook: _Hook):
+        ctx.inner, ctx.plan, ctx.hook = inner, plan, hook
+        values = y.detach()
+        return hook.sums.run(plan, values, "forward", hook.index,
+                             inner.forward_matrix.matmul(values))
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         with torch.no_grad():
-            return (ctx.hook.sums.run(ctx.plan, grad.contiguous(), "backward", ctx.hook.index),
-                    None, None)
+            grad = grad.contiguous()
+            total = ctx.inner.transpose_matrix.matmul(grad)
+            return (ctx.hook.sums.run(ctx.plan, grad, "backward", ctx.hook.index, total),
+                    None, None, None)

@@ -16,9 +16,13 @@ from fgl_common.arrays import offsets
 from mpifgl.communicator import Communicator
 from mpifgl.exchange.base import Exchange, Routing, chunk_bounds
 from mpifgl.graph import CrossExchangePlan
+from mpifgl.hardware import release_free_heap
 from mpifgl.operators import CSRArrays, SparseMatrix, unit_values
 
 SUM_MATRICES = "sum_matrices"  # Routing.extra key: the server's per-chunk sum matrices
+# From a plan of this many touched ids in all, the server gives its set-up's freed heap back
+# (a full-graph plan at products size: a few hundred MB; the call costs about 10 ms)
+RELEASE_HEAP_MIN_IDS = 1_000_000
 
 
 def compact_routing(comm: Communicator, plan: CrossExchangePlan, id_budget: int,
@@ -47,8 +51,12 @@ def compact_routing(comm: Communicator, plan: CrossExchangePlan, id_budget: int,
             cuts = offsets(per_rank)[1:]
             for j in range(touched_counts.shape[0]):
                 pieces[j].append(flat[cuts[j]:cuts[j + 1]].numpy())
-    server_side = (_server_routing(pieces, plan, receive_counts, row_budget, gathered)
-                   if comm.is_server else None)
+    server_side = None
+    if comm.is_server:
+        server_side = _server_routing(pieces, plan, receive_counts, row_budget, gathered)
+        del pieces
+        if int(touched_counts.sum()) >= RELEASE_HEAP_MIN_IDS:
+            release_free_heap()  # the set-up's temporaries: not resident through what follows
     bounds = comm.broadcast_array(torch.from_numpy(server_side[0]) if server_side else None)
     if bounds.shape[0] == 0:
         raise ValueError("the server found the clients' touched rows inconsistent with the "
@@ -91,7 +99,8 @@ def _server_routing(pieces: list[list[np.ndarray]], plan: CrossExchangePlan,
     position_bounds = np.append(union[row_bounds[:-1]], total)
     if union.shape[0] == 0:
         position_bounds = np.zeros(1, dtype=np.int64)
-    row_of = np.empty(total, dtype=np.int64)  # S-position -> row of U, read at U only
+    # S-position -> row of U, read at U only; int32 rows while they fit, as the ids travel
+    row_of = np.empty(total, dtype=np.int32 if union.shape[0] < 2 ** 31 else np.int64)
     row_of[union] = np.arange(union.shape[0])
     sender_rows = [row_of[s] for s in ids]
     del row_of
@@ -163,6 +172,7 @@ class CompactExchange(Exchange):
         if routing.sender_rows is not None:
             routing.extra[SUM_MATRICES] = [SparseMatrix(m, self.dtype)
                                            for m in sum_matrices(routing)]
+            routing.sender_rows = None  # in the matrices now; the counts need only the bounds
         return routing
 
     def owner_rows(self, plan: CrossExchangePlan) -> np.ndarray:

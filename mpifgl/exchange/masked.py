@@ -45,6 +45,7 @@ class MaskedExchange:
                                             compact.row_budget, gathered=True)
             if routing.sender_rows is not None:
                 routing.extra[PATTERNS] = sum_matrices(routing, heads=True)
+                routing.sender_rows = None  # in the patterns now
         plan.routing = routing
         if not self.comm.is_server:
             own = plan.own_segment

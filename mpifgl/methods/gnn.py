@@ -218,7 +218,10 @@ class GNNMethod:
         packed[:2] = index.shape[0], train_rows
         packed[2:2 + index.shape[0]] = index
         table = self.comm.allgather_rows(torch.from_numpy(packed)).numpy()
-        by_rank = [row[2:2 + row[0]] for row in table]
+        global_train_rows = int(table[:, 1].sum())
+        # copies: the operator keeps this client's sample, a view would keep all m + 1 rows
+        by_rank = [row[2:2 + row[0]].copy() for row in table]
+        del table
         samples = by_rank if self.comm.is_single_process else by_rank[1:]  # the server's is empty
         operator = self.prepared(build_operator(self.graph, self.config.backbone, samples,
                                                 probability, self.dtype, self.exchanged,
@@ -229,7 +232,7 @@ class GNNMethod:
             operator.history = [(torch.index_select(past, 0, operator.rows),
                                  torch.index_select(aggregate, 0, operator.rows))
                                 for past, aggregate in self.history]
-        return operator, int(table[:, 1].sum())
+        return operator, global_train_rows
 
     def loss_and_gradients(self, operator: LayerOperator, global_train_rows: int) -> float:
         """Phases forward, loss, backward, gradient sum: leaves the GLOBAL gradient in every
@@ -244,7 +247,8 @@ class GNNMethod:
         # The full-graph operator's rows are all nodes in order: no copy of the features. A
         # sample's rows are copied for this step alone, so dropout masks them in place.
         sampled = operator is not self.full_operator
-        if sampled and operator.rows.shape[0] >= RELEASE_HEAP_MIN_ROWS:
+        large = sampled and operator.rows.shape[0] >= RELEASE_HEAP_MIN_ROWS
+        if large:
             release_free_heap()  # the operator's temporaries: not resident through the peak
         x = select_rows(self.x, operator.rows) if sampled else self.x
         with self.activations.measure():
@@ -258,6 +262,8 @@ class GNNMethod:
         if sampled:
             self.largest_step = max(self.largest_step, (self._operator_bytes(operator),
                                                         self._exchange_buffer_bytes(operator)))
+        if large:
+            release_free_heap()  # the forward's temporaries: not resident through backward's
         loss.backward()  # L exchanges backward
         return self._sum_gradients_and_loss(gradients(self.model), float(loss.detach()))
 

@@ -35,8 +35,8 @@ class FunctionHook:
     def __init__(self, fn: Callable[[CrossExchangePlan, torch.Tensor], torch.Tensor]):
         self.fn = fn
 
-    def __call__(self, plan: CrossExchangePlan, y: torch.Tensor) -> torch.Tensor:
-        return self.fn(plan, y)
+    def propagate(self, inner, plan: CrossExchangePlan, y: torch.Tensor) -> torch.Tensor:
+        return inner @ y + self.fn(plan, y)
 
     def add_into(self, plan: CrossExchangePlan, y: torch.Tensor, total: torch.Tensor) -> None:
         total += self.fn(plan, y)
