@@ -437,7 +437,8 @@ class _ReluDropout(torch.autograd.Function):
     this keeps one, which the next layer's weight product saves anyway, and its backward writes
     the input gradient over it: the result must not be read after backward (a layer's input
     inside a model, which nothing outside reads). The same numbers, from the same draws
-    (``dropout_mask``), as relu then ``dropout`` (a gradient of 0 may be -0)."""
+    (``dropout_mask``), as relu then ``dropout``, except that a gradient of 0 may be -0 and a
+    non-finite incoming gradient stays non-finite where relu cut it (``mpifgl.finite`` stops)."""
 
     @staticmethod
     def forward(ctx, h: torch.Tensor, p: float,  # type: ignore[override]
