@@ -145,15 +145,13 @@ class GraphLayer(nn.Module):
         """row_scale * (A_ii y + sum_{j != i} A_ij y_j): the cross-client sum through this
         layer's ``index``-th hook, if one is attached and the operator has a plan."""
         # a fresh tensor that no autograd node saves, the cross-client sum added into it in place
-        if self.cross_sums and op.exchange is not None:
-            cross_sum = self.cross_sums[index]
-            if torch.is_grad_enabled():
-                total = cross_sum.propagate(op.inner, op.exchange, y)
-            else:
-                total = op.inner @ y
-                cross_sum.add_into(op.exchange, y, total)
+        cross_sum = self.cross_sums[index] if self.cross_sums and op.exchange is not None else None
+        if cross_sum is not None and torch.is_grad_enabled():
+            total = cross_sum.propagate(op.inner, op.exchange, y)
         else:
             total = op.inner @ y
+            if cross_sum is not None:
+                cross_sum.add_into(op.exchange, y, total)
         return total.mul_(op.row_scale)  # the scale takes no gradient: total is not saved
 
     def forward(self, z: Features, op: LayerOperator) -> torch.Tensor:

@@ -20,8 +20,8 @@ from mpifgl.hardware import release_free_heap
 from mpifgl.operators import CSRArrays, SparseMatrix, unit_values
 
 SUM_MATRICES = "sum_matrices"  # Routing.extra key: the server's per-chunk sum matrices
-# From a plan of this many touched ids in all, the server gives its set-up's freed heap back
-# (a full-graph plan at products size: a few hundred MB; the call costs about 10 ms)
+# From a plan of this many touched ids in all, the server gives its set-up's freed heap back:
+# below, the temporaries are too small to pay for the call (docs/hardware.md)
 RELEASE_HEAP_MIN_IDS = 1_000_000
 
 
