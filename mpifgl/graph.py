@@ -79,8 +79,17 @@ class ClientGraph:
         self.__dict__.pop("cross_arrays", None)
         self.__dict__.pop("cross", None)
 
+    def release_features(self) -> None:
+        """Drop the features: a method that keeps only what it derived from them (GCN's exact
+        first layer: its input aggregate with the self term) frees the shard's copy."""
+        self.__dict__.pop("x", None)
+
     def __getattr__(self, name: str):
-        # reached only for an attribute not found: ``cross`` after release_cross_block
+        # reached only for an attribute not found: ``cross`` after release_cross_block, or ``x``
+        # after release_features
+        if name == "x":
+            raise AttributeError("this rank's features were released (release_features): its "
+                                 "method keeps only the first layer's input aggregate")
         if name != "cross" or "cross_transposed" not in self.__dict__:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         rows, touched = self.cross_transposed

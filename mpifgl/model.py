@@ -53,6 +53,9 @@ class LayerOperator:
     # row_scale * (A (col_scale * x)) with p = 1, for the rows [k, in_dim] (a sampled step's
     # copy, which its training forward overwrites); None: propagated
     input_aggregate: torch.Tensor | None = None
+    # the first layer's self term is in ``input_aggregate`` already (``GraphLayer.fold_self_term``,
+    # done once): that sum is the layer's whole input, dropped with one mask, and x is not kept
+    input_has_self: bool = False
     # --history-every: for each layer above the first, (its input and that input's exact
     # aggregate, as of the last refresh) for the rows; the layer samples only the change since
     history: list[tuple[torch.Tensor, torch.Tensor]] | None = None
@@ -182,6 +185,17 @@ class GraphLayer(nn.Module):
         message = self.message(z) if torch.is_grad_enabled() else None
         return self.update(self.message(aggregate), z, message, op)
 
+    def fold_self_term(self, aggregate: torch.Tensor, z: Features,
+                       op: LayerOperator) -> bool:
+        """Add the self term into ``aggregate`` (in place) where the layer is one transform of
+        their sum, so that ``forward_folded`` needs no z; False where it is not (a weight of
+        its own for the root)."""
+        return False
+
+    def forward_folded(self, combined: torch.Tensor) -> torch.Tensor:
+        """The layer on ``fold_self_term``'s sum."""
+        raise NotImplementedError(f"{type(self).__name__} has no folded first layer")
+
 
 class GCNLayer(GraphLayer):
     """H = D~^-1/2 (A + I) D~^-1/2 Z W^T + b, propagation after the transform (PyG GCNConv).
@@ -231,6 +245,14 @@ class GCNLayer(GraphLayer):
             return super().forward_aggregated(z, aggregate, op)
         combined = (aggregate.addcmul_(op.self_scale, z) if in_place
                     else torch.addcmul(aggregate, op.self_scale, z))
+        return self.forward_folded(combined)
+
+    def fold_self_term(self, aggregate: torch.Tensor, z: Features,
+                       op: LayerOperator) -> bool:
+        aggregate.addcmul_(op.self_scale, z.dense() if isinstance(z, SparseFeatures) else z)
+        return True
+
+    def forward_folded(self, combined: torch.Tensor) -> torch.Tensor:
         return _add(linear(combined, self.lin.weight), self.bias)
 
 
@@ -489,7 +511,8 @@ class GNN(nn.Module):
 
     def forward(self, x: Features, op: LayerOperator, rng: RandomStream | None = None,
                 own_input: bool = False) -> torch.Tensor:
-        """x: [|S_i|, in_dim] rows of the sample; returns logits [|S_i|, out_dim].
+        """x: [|S_i|, in_dim] rows of the sample (None where ``op.input_has_self``); returns
+        logits [|S_i|, out_dim].
         Dropout applies when ``rng`` is given (training) and the model is in train mode.
         ``own_input``: x and ``op.input_aggregate`` are copies made for this one forward (a
         sampled step's rows), so the first layer overwrites them (its dropout, and GCN's
@@ -518,6 +541,11 @@ class GNN(nn.Module):
                 z, change = z * mask, change * mask
             return layer.forward_with_history(z, change, past_aggregate, op)
         in_place = own_input and k == 0
+        if k == 0 and op.input_has_self:  # z is None: the aggregate is the whole input
+            combined = op.input_aggregate
+            if rng is not None:
+                combined = dropout(combined, self.dropout_p, rng, in_place)
+            return layer.forward_folded(combined)
         if rng is not None:
             z = dropout(z, self.dropout_p, rng, in_place)
         if k == 0 and op.input_aggregate is not None:

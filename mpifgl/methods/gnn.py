@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from mpifgl.config import TrainConfig
 from mpifgl.exchange import WIRE_TYPES, CrossClientSums, build_exchange
 from mpifgl.graph import build_operator
-from mpifgl.model import LayerOperator, flatten, gradients, make_features, select_rows, unflatten
+from mpifgl.model import (Features, LayerOperator, flatten, gradients, make_features, select_rows,
+                          unflatten)
 from mpifgl.operators import SparseFeatures
 from mpifgl.sampling import (NodeSample, NodeSampler, client_sample_sizes, default_sample_size,
                              make_distribution, one_step_exact_first, steps_for_sample)
@@ -123,6 +124,14 @@ class GNNMethod:
         if config.exact_first_layer:
             self.input_aggregate = self.aggregate_input()
             self.full_operator.input_aggregate = self.input_aggregate
+            # GCN's first layer is one transform of (aggregate + self term): with that sum made
+            # once, a rank keeps it instead of both it and the features (a step's sample scales
+            # its self term as the full graph does, unless it is normalised as its own graph)
+            if not config.subgraph_norm and self.model.layers[0].fold_self_term(
+                    self.input_aggregate, self.x, self.full_operator):
+                self.full_operator.input_has_self = True
+                self.x = None
+                graph.release_features()
         # --history-every: per layer above the first, (its full-graph input, that input's
         # exact aggregate) at the last refresh; refreshed every history_period steps
         self.history: list[tuple[torch.Tensor, torch.Tensor]] | None = None
@@ -158,7 +167,8 @@ class GNNMethod:
         exact) and its full aggregate (collective: one exchange per hidden layer). The server,
         which has no rows, runs the same exchanges."""
         op, layers = self.full_operator, list(self.model.layers)
-        z = layers[0].forward_aggregated(self.x, self.input_aggregate, op).relu_()
+        z = (layers[0].forward_folded(self.input_aggregate) if op.input_has_self else
+             layers[0].forward_aggregated(self.x, self.input_aggregate, op)).relu_()
         history = []
         for k in range(1, len(layers)):
             history.append((z, self.full_aggregate(z, "history", k)))
@@ -228,11 +238,19 @@ class GNNMethod:
                                                 self.device, self.config.subgraph_norm))
         if self.input_aggregate is not None:
             operator.input_aggregate = torch.index_select(self.input_aggregate, 0, operator.rows)
+            operator.input_has_self = self.full_operator.input_has_self
         if self.history is not None:
             operator.history = [(torch.index_select(past, 0, operator.rows),
                                  torch.index_select(aggregate, 0, operator.rows))
                                 for past, aggregate in self.history]
         return operator, global_train_rows
+
+    def input_rows(self, operator: LayerOperator) -> Features | None:
+        """The features of ``operator``'s rows: a copy for a sample, the features themselves
+        for the full graph, None where the input aggregate holds the self term."""
+        if self.x is None or operator is self.full_operator:
+            return self.x
+        return select_rows(self.x, operator.rows)
 
     def loss_and_gradients(self, operator: LayerOperator, global_train_rows: int) -> float:
         """Phases forward, loss, backward, gradient sum: leaves the GLOBAL gradient in every
@@ -250,7 +268,7 @@ class GNNMethod:
         large = sampled and operator.rows.shape[0] >= RELEASE_HEAP_MIN_ROWS
         if large:
             release_free_heap()  # the operator's temporaries: not resident through the peak
-        x = select_rows(self.x, operator.rows) if sampled else self.x
+        x = self.input_rows(operator)
         with self.activations.measure():
             logits = self.model(x, operator, self.setup.dropout_rng, own_input=sampled)
             del x  # L exchanges forward; what backward needs of the input autograd holds
@@ -299,8 +317,11 @@ class GNNMethod:
         send and receive rows and one exchange's result, at the widest propagation)."""
         step_operator, step_buffers = self.largest_step
         buffers = max(step_buffers, self._exchange_buffer_bytes(self.full_operator))
-        aggregates = [self.input_aggregate, self.history]
-        memory = tensor_report(self.x, [held_adjacency(self.graph), self.full_operator.inner,
+        # GCN's folded aggregate stands in for the features: the first layer's whole input
+        folded = self.full_operator.input_has_self
+        aggregates = [None if folded else self.input_aggregate, self.history]
+        features = self.input_aggregate if folded else self.x
+        memory = tensor_report(features, [held_adjacency(self.graph), self.full_operator.inner,
                                         self._plan_matrix(self.full_operator)],
                                self.activations.peak, None, self.model, self.optimizer,
                                more_buffer_bytes=buffers)

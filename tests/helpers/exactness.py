@@ -19,7 +19,7 @@ from mpifgl.communicator import LocalComm
 from mpifgl.config import TrainConfig
 from mpifgl.graph import ClientGraph
 from mpifgl.methods import build_trainer
-from mpifgl.model import flatten, gradients, select_rows
+from mpifgl.model import flatten, gradients
 from mpifgl.registry import BACKBONES
 from mpifgl.sampling import NodeSample
 from tests.helpers.graphs import Graph, random_graph, random_parts
@@ -74,7 +74,7 @@ def operator_logits(comm, gnn, operator, num_classes: int) -> np.ndarray:
         return np.zeros((0, num_classes))
     gnn.model.eval()
     with torch.no_grad():
-        return gnn.model(select_rows(gnn.x, operator.rows), unspent(gnn, operator)
+        return gnn.model(gnn.input_rows(operator), unspent(gnn, operator)
                          ).detach().cpu().numpy().astype(np.float64)
 
 
@@ -109,7 +109,7 @@ def centralized_reference(shard_dir, backbone: str, dtype: str, layers: int, sam
     operator, train_rows = gnn.operator_for_sample(merged)
     loss = gnn.loss_and_gradients(operator, train_rows)
     gnn.model.eval()
-    logits = gnn.model(select_rows(gnn.x, operator.rows),
+    logits = gnn.model(gnn.input_rows(operator),
                        unspent(gnn, operator)).detach().numpy()
     rows = operator.rows.numpy()
     order = np.argsort(graph.global_id[rows])

@@ -1,6 +1,8 @@
 """mpifgl.methods: the registry resolves each method's steps per epoch from the graph."""
 from __future__ import annotations
 
+import copy
+
 from fgl_common.shard_format import load_client_shard, read_manifest, shard_filename
 from mpifgl.communicator import LocalComm
 from mpifgl.config import TrainConfig
@@ -17,7 +19,8 @@ def resolver(shard_dir, **fixed):
 
     def resolved(**flags) -> TrainConfig:
         config = TrainConfig(hidden=8, **fixed, **flags)
-        return build_trainer(config, LocalComm(), merged, manifest.num_classes).config
+        # a copy: GCN's exact first layer releases the features of the graph it is given
+        return build_trainer(config, LocalComm(), copy.copy(merged), manifest.num_classes).config
 
     return merged.num_nodes, resolved
 

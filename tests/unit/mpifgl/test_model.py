@@ -199,6 +199,42 @@ def test_gcn_on_an_aggregated_input_is_one_product_of_the_sum_and_keeps_one_inpu
     torch.testing.assert_close(sparse, expected, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse-features"])
+def test_gcn_folds_its_self_term_into_the_aggregate_and_drops_that_sum_with_one_mask(merged,
+                                                                                      sparse):
+    """The folded first layer (``input_has_self``, no x): without dropout the logits and
+    gradients of the unfolded layer (1e-12); in training, the layer of one mask over the sum
+    (aggregate + self_scale * x), drawn as the next draws of the stream, and the hidden layers'
+    draws after it. 1-GNN, whose root has a weight of its own, does not fold."""
+    import dataclasses
+    from mpifgl.model import GCNLayer, OneGNNLayer
+    from mpifgl.operators import SparseFeatures
+    x = torch.from_numpy(merged.x).double()
+    aggregate = torch.from_numpy(np.random.default_rng(4).standard_normal((30, 5)))
+    op = dataclasses.replace(full_operator(merged, "gcn"), input_aggregate=aggregate)
+    folded = dataclasses.replace(op, input_aggregate=aggregate.clone(), input_has_self=True)
+    features = SparseFeatures.of_dense(x) if sparse else x
+    model = GNN("gcn", 5, 8, 3, 2, 0.4, seed=3, dtype=torch.float64)
+    assert model.layers[0].fold_self_term(folded.input_aggregate, features, op)
+    runs = []
+    for given, operator in ((x, op), (None, folded)):
+        model.zero_grad()
+        logits = model(given, operator)
+        logits.square().sum().backward()
+        runs.append((logits.detach(), [p.grad.clone() for p in model.parameters()]))
+    torch.testing.assert_close(runs[1][0], runs[0][0], rtol=1e-12, atol=1e-12)
+    for a, b in zip(runs[1][1], runs[0][1]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+    found = model(None, folded, np.random.default_rng(6))
+    rng = np.random.default_rng(6)
+    combined = dropout(folded.input_aggregate, 0.4, rng)
+    hidden = relu_dropout(model.layers[0].forward_folded(combined), 0.4, rng)
+    torch.testing.assert_close(found, model.layers[1](hidden, op), rtol=1e-12, atol=1e-12)
+    assert not OneGNNLayer(5, 4).double().fold_self_term(aggregate.clone(), x, op)
+    assert isinstance(model.layers[0], GCNLayer)
+
+
 def test_same_seed_same_weights_and_an_unknown_backbone_is_named():
     first, second = (GNN("gcn", 4, 6, 2, 2, 0.5, seed=9) for _ in range(2))
     assert all(torch.equal(a, b) for a, b in zip(first.parameters(), second.parameters()))

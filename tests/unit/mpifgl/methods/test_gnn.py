@@ -172,7 +172,8 @@ def test_the_exact_first_layer_is_the_full_graph_layer_on_the_sampled_rows(toy_g
                                                                          backbone):
     """Its output on a sample's rows is the full-graph first layer's, bit for bit in float64
     up to rounding (1e-12), and the full-graph model is the plain one; the sums it leaves per
-    step are those of the layers above."""
+    step are those of the layers above. GCN's self term is in the aggregate (one transform of
+    their sum): its features are not kept; 1-GNN's root weight keeps them."""
     shard_dir = write_shards(toy_graph, random_parts(toy_graph.num_nodes, 1), tmp_path / "s")
     manifest = read_manifest(shard_dir)
     graph = ClientGraph.merged([load_client_shard(shard_dir / shard_filename(0))])
@@ -182,13 +183,15 @@ def test_the_exact_first_layer_is_the_full_graph_layer_on_the_sampled_rows(toy_g
     operator, _ = exact.operator_for_sample(merged_sample(manifest))
     first = exact.model.layers[0]
     with torch.no_grad():
-        full = first(exact.x, plain.full_operator)
-        sampled = first.forward_aggregated(select_rows(exact.x, operator.rows),
-                                           operator.input_aggregate, operator)
+        full = first(plain.x, plain.full_operator)
+        sampled = (first.forward_folded(operator.input_aggregate) if backbone == "gcn" else
+                   first.forward_aggregated(select_rows(exact.x, operator.rows),
+                                            operator.input_aggregate, operator))
         torch.testing.assert_close(sampled, full[operator.rows], rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(exact.full_logits(), plain.full_logits(), rtol=1e-12,
                                    atol=1e-12)
     assert graph.num_nodes == exact.input_aggregate.shape[0]
+    assert operator.input_has_self == (backbone == "gcn") == (exact.x is None)
 
 
 def sampled_logit_statistics(gnn, manifest, draws: int, rounds: int,
