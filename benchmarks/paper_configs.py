@@ -15,7 +15,8 @@ partition) and each method, with the paper's model (hidden 128, dropout 0.2, Ada
 products, 4 on Reddit) and its sample size scaled with the graph (500,000 of 2,449,029 nodes on
 products, 50,000 of 232,965 on Reddit; `--sample-size`, the default steps per epoch: one pass over
 the nodes): seed ``seeds[0]`` at every lr of ``--lrs``, the lr with the best validation micro-F1,
-then the other seeds at that lr. Methods are the study's (study/catalog.py): ours, ours-exact1
+then the other seeds at that lr (a method with an lr of its own in the catalog, FedGCN's rows,
+runs at that lr only). Methods are the study's (study/catalog.py): ours, ours-exact1
 (``--exact-first-layer``, beyond the paper), ours-history (``--history-every 5``, beyond the
 paper), ours-star (``--no-normalize``, the paper's ours*), ours-subgraph (``--subgraph-norm``,
 beyond the paper), ours-sage and centralized-sage (``--backbone sage``; these three not run by
@@ -147,9 +148,18 @@ def flags_for(args: PaperConfigArgs, name: str, method: str, lr: float, seed: in
     return flags + own_flags(args, method) + extra
 
 
+def lrs_of(args: PaperConfigArgs, method: str) -> tuple[float, ...]:
+    """The lrs ``method`` runs at: ``--lrs``, or the method's own lr where the catalog gives it
+    one (a baseline whose reference optimizer is not Adam, e.g. FedGCN's SGD at 0.5), as the
+    study does."""
+    own = METHODS[method].lr
+    return args.lrs if own is None else (own,)
+
+
 def chosen_lr(args: PaperConfigArgs, name: str, method: str) -> float | None:
     """The lr with the best validation micro-F1 on the first seed (ties: the larger lr)."""
-    scores = {lr: read_run(run_dir(args, name, method, lr, args.seeds[0])).val for lr in args.lrs}
+    scores = {lr: read_run(run_dir(args, name, method, lr, args.seeds[0])).val
+              for lr in lrs_of(args, method)}
     scored = {lr: v for lr, v in scores.items() if v is not None}
     return max(scored, key=lambda lr: (scored[lr], lr)) if scored else None
 
@@ -159,7 +169,7 @@ def execute(args: PaperConfigArgs, extra: list[str]) -> None:
         shards = prepare(args.work, name, scale_of(args, name), overrides=args.overrides)
         for method in args.methods:
             print(f"{name} {method}:", flush=True)
-            for lr in args.lrs:
+            for lr in lrs_of(args, method):
                 out = run_dir(args, name, method, lr, args.seeds[0])
                 record = run(train_command(method, shards, out,
                                            flags_for(args, name, method, lr, args.seeds[0],
@@ -281,11 +291,12 @@ def table(args: PaperConfigArgs, extra: list[str], backbone: str) -> str:
                 f"{to_target} |")
         searched = []
         for method in args.methods:
-            vals = [read_run(run_dir(args, name, method, lr, args.seeds[0])) for lr in args.lrs]
+            lrs = lrs_of(args, method)
+            vals = [read_run(run_dir(args, name, method, lr, args.seeds[0])) for lr in lrs]
             if any(v.val is not None for v in vals):
                 searched.append(f"{label_of(method, backbone)} " + ", ".join(
                     f"{lr:g}: {_num(v.val, 1, 100)} / {_num(v.test, 1, 100)}"
-                    for lr, v in zip(args.lrs, vals)))
+                    for lr, v in zip(lrs, vals)))
         reached_by = [f"{label_of(ref, backbone)} {100 * t:.2f}" for ref, t in targets.items()
                       if ref in args.methods and t is not None]
         if reached_by:

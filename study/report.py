@@ -364,7 +364,7 @@ def _figure3_of(dataset: str, runs: list[RunRow], out: Path, plt, name: str,
             mine = [r for r in at if r.method == method]
             f1 = mean_std([r.test_f1 for r in mine])
             bias = mean_std([r.local_bias for r in mine])
-            cells.append(f"{fmt(*f1)} / {fmt(bias[0], scale=1, digits=3)}" if f1[2]
+            cells.append(f"{fmt(*f1)} / {fmt(*bias, scale=1, digits=3)}" if f1[2]
                          else status_note(mine).split(" (")[0])
             lines.append([m_clients, cross, method, f1[0], f1[1], bias[0], bias[1], noise,
                           same_init])
@@ -429,8 +429,8 @@ def _figure4_of(dataset: str, runs: list[RunRow], root: Path, out: Path, plt, na
         md.append(f"| {label_of(method)} | " + " | ".join(
             fmt(*cell[p][0]) if cell[p][0][2] else cell[p][2].split(" (")[0]
             for p in ("random", "label-skew")) + " | " + " | ".join(
-            fmt(cell[p][1][0], scale=1, digits=3) for p in ("random", "label-skew")) + " | "
-            + " | ".join(fmt(cell[p][3][0]) + ("%" if cell[p][3][2] else "")
+            fmt(*cell[p][1], scale=1, digits=3) for p in ("random", "label-skew")) + " | "
+            + " | ".join(fmt(*cell[p][3]) + ("%" if cell[p][3][2] else "")
                          for p in ("random", "label-skew")) + " |")
     csv_lines.extend([dataset, *line] for line in lines)
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.paper_configs import (PaperConfigArgs, reference_of, run_dir, table,
-                                      target_cell, target_of)
+from benchmarks.paper_configs import (PaperConfigArgs, chosen_lr, lrs_of, reference_of,
+                                      run_dir, table, target_cell, target_of)
 
 
 def finished(out, vals, seconds_per_epoch, test=0.7):
@@ -55,3 +55,18 @@ def test_no_target_without_the_centralized_run(tmp_path):
     finished(run_dir(args, "products", "ours", 0.01, 0), [0.5, 0.6], 1.0)
     assert target_of(args, "products", "ours") is None
     assert "| no target |" in table(args, [], "gcn")
+
+
+def test_a_method_with_its_own_lr_runs_at_it_alone_and_is_timed_against_centralized(tmp_path):
+    """FedGCN's rows keep their reference SGD lr, as in the study: no search over --lrs, and the
+    table reads its run at that lr."""
+    args = PaperConfigArgs(work=tmp_path, proxies=("products",), lrs=(0.1, 0.01), seeds=(0,),
+                           methods=("centralized", "fedgcn", "fedgcn-sym"), products_epochs=2)
+    assert lrs_of(args, "centralized") == (0.1, 0.01)
+    assert lrs_of(args, "fedgcn") == (0.5,) and lrs_of(args, "fedgcn-sym") == (0.01,)
+    finished(run_dir(args, "products", "centralized", 0.01, 0), [0.5, 0.7], 2.0)
+    finished(run_dir(args, "products", "fedgcn", 0.5, 0), [0.69, 0.7], 4.0)
+    assert chosen_lr(args, "products", "fedgcn") == 0.5
+    row = next(line for line in table(args, [], "gcn").splitlines()
+               if line.startswith("| FedGCN 2-hop"))
+    assert "| 0.5 |" in row and row.endswith("| 4 (e 1) |")

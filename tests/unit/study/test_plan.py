@@ -122,6 +122,14 @@ def test_cli_reads_comma_lists_and_quick_defaults():
     assert config.datasets == ("citeseer", "cora") and config.seeds == (1, 2)
     assert config.figure_seeds == (1,) and config.client_counts == (4, 8)
     assert config.figure_datasets == ("cora",) and not config.equal_steps and not report_only
+    several, _ = parse_config(["--datasets", "cora", "--out", "x", "--seeds", "1,2",
+                               "--figure-seeds", "0,1,2", "--only", "fig4"])
+    assert several.seeds == (1, 2) and several.figure_seeds == (0, 1, 2)
+    fig4 = build_plan(several, lambda d, m: 0.01, lambda d: 1000).runs
+    assert {fig4[k].spec.seed for k in fig4 if "/label-skew-m8/fedavg-" in k} == {0, 1, 2}
+    # each seed's bias is measured against the centralized run of that seed
+    assert fig4["cora/label-skew-m8/fedavg-lr0.01-e200-s2"].reference == \
+        "cora/random-m8/centralized-lr0.01-e200-s2"
     quick, _ = parse_config(["--datasets", "citeseer", "--out", "x", "--quick", "--report-only"])
     assert quick.epochs == 2 and quick.main_clients == 2 and quick.figure_datasets == ("citeseer",)
 
@@ -148,6 +156,9 @@ def test_cli_names_the_bad_flag(capsys):
         parse_config(["--datasets", "cora", "--out", "x", "--only", "table2,table9"])
     assert ("argument --only: 'table2,table9' has unknown 'table9', expected comma-separated "
             "values among") in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_config(["--datasets", "cora", "--out", "x", "--figure-seeds", "0,-1"])
+    assert "--figure-seeds 0,-1: expected non-negative integers" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse_config(["--datasets", ",", "--out", "x"])
     assert "--datasets is empty, expected a comma-separated list" in capsys.readouterr().err

@@ -175,3 +175,33 @@ def test_figure4_is_one_table_per_dataset(tmp_path):
     rows = (tmp_path / "fig4.csv").read_text().splitlines()
     assert rows[0].startswith("dataset,method,partition") and len(rows) == 1 + 2 * 2 * 2
     assert {r.split(",")[0] for r in rows[1:]} == {"cora", "citeseer"}
+
+
+def test_figure4_over_several_seeds_gives_mean_and_std_of_every_measure(tmp_path):
+    """With --figure-seeds 0,1 a cell is the mean ± std over the seeds: F1, the local bias
+    (each seed against its own centralized run) and the disagreement."""
+    config = StudyConfig(datasets=("cora",), out=tmp_path, seeds=(0,), figure_seeds=(0, 1),
+                         only=("fig4",), figure_epochs=100, methods=("fedavg",))
+    plan = build_plan(config, lambda d, m: 0.01, lambda d: 100)
+    payload = plan.to_json()
+    payload.update(config={"datasets": ["cora"], "seeds": [0]}, sessions=[])
+    (tmp_path / "plan.json").write_text(json.dumps(payload))
+    ref = np.array([[1.0, 0.0]] * 4)
+    for key in plan.runs:
+        seed1 = key.endswith("-s1")
+        if "/fedavg-" not in key:
+            logits, f1 = ref, 0.9
+        elif key.startswith("cora/random"):  # distance 1 then 3; no class flips
+            logits, f1 = ref + np.array([3.0 if seed1 else 1.0, 0.0]), 0.7 if seed1 else 0.8
+        else:  # label skew: half of the nodes flip at seed 1 only
+            logits = ref.copy()
+            if seed1:
+                logits[:2] = [0.0, 1.0]
+            f1 = 0.6
+        _fake_run(tmp_path, key, f1, logits)
+    text = write_report(tmp_path).read_text()
+    figure4 = text.split("## Figure 4")[1].split("## Table 3")[0]
+    row = next(line for line in figure4.splitlines() if line.startswith("| FedAvg+GCN |"))
+    # label skew: seed 0 at distance 0, seed 1 at sqrt(2) on half of the nodes
+    assert row == ("| FedAvg+GCN | 75.00 ± 5.00 | 60.00 ± 0.00 | 2.000 ± 1.000 | 0.354 ± 0.354 | "
+                   "0.00 ± 0.00% | 25.00 ± 25.00% |")
