@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.paper_configs import (PaperConfigArgs, chosen_lr, lrs_of, reference_of,
-                                      run_dir, table, target_cell, target_of)
+from benchmarks.paper_configs import (PaperConfigArgs, chosen_lr, flags_for, lrs_of,
+                                      reference_of, run_dir, table, target_cell, target_of)
+from mpifgl.config import parse_config
+from study.catalog import algo_of
 
 
 def finished(out, vals, seconds_per_epoch, test=0.7):
@@ -70,3 +72,20 @@ def test_a_method_with_its_own_lr_runs_at_it_alone_and_is_timed_against_centrali
     row = next(line for line in table(args, [], "gcn").splitlines()
                if line.startswith("| FedGCN 2-hop"))
     assert "| 0.5 |" in row and row.endswith("| 4 (e 1) |")
+
+
+def test_the_neighbour_sampling_methods_get_one_fan_out_per_layer_of_the_proxy(tmp_path):
+    """The products proxy has 3 layers and mpifgl.train's --fanouts default two values: without
+    a value per layer GraphSAGE and LLCG end at set-up. A --method-flags --fanouts wins."""
+    args = PaperConfigArgs(work=tmp_path, proxies=("products",), lrs=(0.01,), seeds=(0,),
+                           methods=("graphsage", "llcg"))
+    for method, fanouts in (("graphsage", (15, 10, 5)), ("llcg", (10, 10, 10))):
+        config = parse_config(["--algo", algo_of(method),
+                               *flags_for(args, "products", method, 0.01, 0, [])])
+        config.validate()
+        assert (config.layers, config.fanouts) == (3, fanouts)
+    assert "--fanouts" not in flags_for(args, "products", "ours", 0.01, 0, [])
+    own = PaperConfigArgs(work=tmp_path, proxies=("products",), methods=("llcg",),
+                          method_flags=("llcg:--fanouts=5,5,5",))
+    config = parse_config(["--algo", "llcg", *flags_for(own, "products", "llcg", 0.01, 0, [])])
+    assert config.fanouts == (5, 5, 5)
