@@ -8,7 +8,6 @@ import json
 from benchmarks.paper_configs import (PaperConfigArgs, chosen_lr, flags_for, lrs_of,
                                       reference_of, run_dir, table, target_cell, target_of)
 from mpifgl.config import parse_config
-from study.catalog import algo_of
 
 
 def finished(out, vals, seconds_per_epoch, test=0.7):
@@ -80,8 +79,7 @@ def test_the_neighbour_sampling_methods_get_one_fan_out_per_layer_of_the_proxy(t
     args = PaperConfigArgs(work=tmp_path, proxies=("products",), lrs=(0.01,), seeds=(0,),
                            methods=("graphsage", "llcg"))
     for method, fanouts in (("graphsage", (15, 10, 5)), ("llcg", (10, 10, 10))):
-        config = parse_config(["--algo", algo_of(method),
-                               *flags_for(args, "products", method, 0.01, 0, [])])
+        config = parse_config(["--algo", method, *flags_for(args, "products", method, 0.01, 0, [])])
         config.validate()
         assert (config.layers, config.fanouts) == (3, fanouts)
     assert "--fanouts" not in flags_for(args, "products", "ours", 0.01, 0, [])
