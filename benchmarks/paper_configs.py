@@ -56,7 +56,7 @@ from data_prep.proxies import PROXIES, proxy  # noqa: E402
 from fgl_common.cli import option  # noqa: E402
 from mpifgl.config import parse_config  # noqa: E402
 from study import rundir  # noqa: E402
-from study.catalog import METHODS, algo_of, label_of  # noqa: E402
+from study.catalog import METHODS, label_of  # noqa: E402
 from study.plan import LR_GRID  # noqa: E402
 from study.report import TARGET_MARGIN, time_to_target  # noqa: E402
 
@@ -133,20 +133,6 @@ def run_dir(args: PaperConfigArgs, name: str, method: str, lr: float, seed: int)
     return args.work / "runs" / group(args, name) / method / f"lr{lr:g}-s{seed}{tag}"
 
 
-def fanout_flags(method: str, layers: int, own: list[str]) -> list[str]:
-    """``--fanouts`` with one value per layer for the methods that sample neighbours per hop,
-    whose ``mpifgl.train`` default (25,10) is for 2 layers: GraphSAGE at OGB's products example's
-    15,10,5 for 3 layers, LLCG at its reference's 10 per layer. None where ``own`` (the
-    method's --method-flags) sets them."""
-    if "--fanouts" in own or layers == 2:
-        return []
-    if algo_of(method) == "graphsage" and layers == 3:
-        return ["--fanouts", "15,10,5"]
-    if algo_of(method) == "llcg":
-        return ["--fanouts", ",".join(["10"] * layers)]
-    return []
-
-
 def flags_for(args: PaperConfigArgs, name: str, method: str, lr: float, seed: int,
               extra: list[str]) -> list[str]:
     flags = ["--layers", str(proxy(name).layers), "--lr", f"{lr:g}", "--seed", str(seed),
@@ -154,7 +140,6 @@ def flags_for(args: PaperConfigArgs, name: str, method: str, lr: float, seed: in
              "--log-every", str(args.eval_every)]
     if method in SAMPLED:
         flags += ["--sample-size", str(paper_sample_size(name, scale_of(args, name)))]
-    flags += fanout_flags(method, proxy(name).layers, own_flags(args, method))
     if method == "graphsaint":  # the settings behind the paper's GraphSAINT figure
         graph = proxy(name)
         flags += ["--batch-size", str(graph.saint_roots_at(scale_of(args, name))),

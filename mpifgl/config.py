@@ -159,8 +159,9 @@ class TrainConfig:
                                  "same rows (c times the memory, about 1/c of the broadcast "
                                  "bytes); c must divide m; 1 = CAGNET's 1D algorithm")
     fanouts: tuple[int, ...] = option((25, 10), "graphsage, llcg: neighbours sampled per layer, "
-                                                "comma-separated (llcg's default: 10 per layer, "
-                                                "the reference's)")
+                                                "comma-separated (default: one per --layers; "
+                                                "graphsage 25,10 at 2 layers, 15,10,5 at 3; "
+                                                "llcg 10 per layer, the reference's)")
     batch_size: int = option(512, "graphsage: seed nodes per mini-batch; graphsaint: walk roots "
                                   "per subgraph; llcg: draws per local step (default 256)")
     walk_length: int = option(2, "graphsaint: random-walk length")
@@ -399,10 +400,11 @@ class TrainConfig:
              self.llcg_server_batch_size, "an integer >= 1, or 0 for --batch-size")
         need(self.llcg_rho >= 1.0, "llcg-rho", self.llcg_rho, "a number >= 1 (K / rho^r "
              "shrinks K; below 1 it would grow without bound: --llcg-grow-k grows it to K)")
-        if self.algo == "llcg":
+        per_depth = METHODS[self.algo].fanouts_at_depth
+        if per_depth is not None:  # the method's default follows --layers; a value given must too
             need(len(self.fanouts) == self.layers, "fanouts", ",".join(map(str, self.fanouts)),
-                 f"one value per layer with --algo llcg (--layers {self.layers}: e.g. "
-                 f"{','.join(['10'] * self.layers)})")
+                 f"one value per layer with --algo {self.algo} (--layers {self.layers}: e.g. "
+                 f"{','.join(map(str, per_depth(self.layers)))})")
 
     def check_method_settings(self) -> None:
         """Raise ValueError where a flag clashes with the method (checked once the method's

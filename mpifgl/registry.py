@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass(frozen=True)
@@ -52,15 +52,35 @@ class Method(Entry):
     # the server loads every shard and holds the whole graph (LLCG's correction needs it; the
     # start line and docs/privacy.md say so); else it opens no shard
     server_loads_graph: bool = False
+    # samples neighbours per hop: its --fanouts default for a depth (one value per layer)
+    fanouts_at_depth: Callable[[int], tuple[int, ...]] | None = None
 
     def default(self, name: str, fallback: Any = None) -> Any:
         """This method's default of flag ``name`` (``fallback`` where it keeps TrainConfig's)."""
         return dict(self.defaults).get(name, fallback)
 
-    def default_changes(self, explicit: set[str]) -> dict[str, Any]:
+    def default_changes(self, explicit: set[str], layers: int) -> dict[str, Any]:
         """This method's defaults for the flags not given explicitly, for the caller's
-        ``config.replace(**changes)``."""
-        return {name: value for name, value in self.defaults if name not in explicit}
+        ``config.replace(**changes)``; ``layers``: the run's --layers, which a fan-out default
+        follows."""
+        changes = {name: value for name, value in self.defaults if name not in explicit}
+        if self.fanouts_at_depth is not None and "fanouts" not in explicit:
+            changes["fanouts"] = self.fanouts_at_depth(layers)
+        return changes
+
+
+def graphsage_fanouts(layers: int) -> tuple[int, ...]:
+    """GraphSAGE's fan-outs: its paper's 25,10 at 2 layers (25 at 1), OGB's products example's
+    15,10,5 at 3, and 5 for every layer past the third (a 3-hop neighbourhood of 15 x 10 x 5
+    already covers most of a small graph)."""
+    if layers <= 2:
+        return (25, 10)[:layers]
+    return (15, 10, 5) + (5,) * (layers - 3)
+
+
+def llcg_fanouts(layers: int) -> tuple[int, ...]:
+    """LLCG's reference samples 10 neighbours at every layer (MortezaRamezani/llcg)."""
+    return (10,) * layers
 
 
 def _table(*entries: Entry) -> dict[str, Any]:
@@ -78,7 +98,7 @@ METHODS: dict[str, Method] = _table(
            distributed=False, defaults=(("sampling", "none"),), whole_graph_gnn=True),
     Method("graphsage", "mpifgl.methods.sampled:GraphSAGEMethod",
            "centralized GraphSAGE with neighbour sampling (Hamilton et al., 2017)",
-           distributed=False),
+           distributed=False, fanouts_at_depth=graphsage_fanouts),
     Method("graphsaint", "mpifgl.methods.sampled:GraphSAINTMethod",
            "centralized GraphSAINT random-walk subgraph sampling (Zeng et al., 2020)",
            distributed=False),
@@ -113,7 +133,8 @@ METHODS: dict[str, Method] = _table(
     Method("llcg", "mpifgl.methods.llcg:build_llcg",
            "LLCG: periodic averaging of local neighbour-sampled steps, corrected on the whole "
            "graph at the server (Ramezani et al., ICLR 2022)",
-           defaults=(("batch_size", 256), ("fanouts", (10, 10))), server_loads_graph=True),
+           defaults=(("batch_size", 256),), server_loads_graph=True,
+           fanouts_at_depth=llcg_fanouts),
 )
 
 BACKBONES: dict[str, Entry] = _table(

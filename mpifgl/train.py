@@ -141,7 +141,8 @@ def parse_args(argv: list[str] | None, quiet: bool) -> TrainConfig:
     config = dataclass_from_namespace(TrainConfig, parser.parse_args(argv))
     explicit = explicit_dests(parser, argv if argv is not None else sys.argv[1:])
     try:  # checked as the method runs it: its defaults for the flags not given
-        config.replace(**get_method(config.algo).default_changes(explicit)).validate()
+        method_defaults = get_method(config.algo).default_changes(explicit, config.layers)
+        config.replace(**method_defaults).validate()
     except ValueError as exc:
         if not quiet:
             parser.print_usage(sys.stderr)
@@ -678,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
         if saved is not None:
             config = config.replace(algo=saved[0].algo)
     method = get_method(config.algo)
-    config = config.replace(**method.default_changes(explicit))
+    config = config.replace(**method.default_changes(explicit, config.layers))
     try:
         config.check_method_settings()  # a flag given may clash with the method's defaults
     except ValueError as exc:

@@ -53,7 +53,7 @@ def threaded_program(argv: list, ranks: int) -> list[int]:
     argv = [str(a) for a in argv]
     config = train.parse_args(argv, quiet=True)
     explicit = train.explicit_dests(train.build_parser(), argv)
-    config = config.replace(**get_method(config.algo).default_changes(explicit))
+    config = config.replace(**get_method(config.algo).default_changes(explicit, config.layers))
     config.check_method_settings()
 
     def body(comm):

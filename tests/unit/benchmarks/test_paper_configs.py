@@ -7,7 +7,9 @@ import json
 
 from benchmarks.paper_configs import (PaperConfigArgs, chosen_lr, flags_for, lrs_of,
                                       reference_of, run_dir, table, target_cell, target_of)
-from mpifgl.config import parse_config
+from fgl_common.cli import explicit_dests
+from mpifgl.config import TrainConfig, build_parser, parse_config
+from mpifgl.methods import get_method
 
 
 def finished(out, vals, seconds_per_epoch, test=0.7):
@@ -74,16 +76,22 @@ def test_a_method_with_its_own_lr_runs_at_it_alone_and_is_timed_against_centrali
 
 
 def test_the_neighbour_sampling_methods_get_one_fan_out_per_layer_of_the_proxy(tmp_path):
-    """The products proxy has 3 layers and mpifgl.train's --fanouts default two values: without
-    a value per layer GraphSAGE and LLCG end at set-up. A --method-flags --fanouts wins."""
+    """The products proxy has 3 layers: mpifgl.train's fan-out defaults follow --layers
+    (GraphSAGE 15,10,5, LLCG 10 per layer), so the benchmark passes none. A --method-flags
+    --fanouts wins."""
     args = PaperConfigArgs(work=tmp_path, proxies=("products",), lrs=(0.01,), seeds=(0,),
                            methods=("graphsage", "llcg"))
+
+    def resolved(run_args: PaperConfigArgs, method: str) -> TrainConfig:
+        argv = ["--algo", method, *flags_for(run_args, "products", method, 0.01, 0, [])]
+        config = parse_config(argv)
+        return config.replace(**get_method(method).default_changes(
+            explicit_dests(build_parser(), argv), config.layers))
+
     for method, fanouts in (("graphsage", (15, 10, 5)), ("llcg", (10, 10, 10))):
-        config = parse_config(["--algo", method, *flags_for(args, "products", method, 0.01, 0, [])])
+        config = resolved(args, method)
         config.validate()
         assert (config.layers, config.fanouts) == (3, fanouts)
-    assert "--fanouts" not in flags_for(args, "products", "ours", 0.01, 0, [])
     own = PaperConfigArgs(work=tmp_path, proxies=("products",), methods=("llcg",),
                           method_flags=("llcg:--fanouts=5,5,5",))
-    config = parse_config(["--algo", "llcg", *flags_for(own, "products", "llcg", 0.01, 0, [])])
-    assert config.fanouts == (5, 5, 5)
+    assert resolved(own, "llcg").fanouts == (5, 5, 5)

@@ -89,7 +89,7 @@ def test_centralized_is_full_batch_unless_sampling_is_asked_for():
                            (["--algo", "ours"], "label"), ([], "label")):
         config = parse_config(argv)
         explicit = explicit_dests(build_parser(), argv)
-        config = config.replace(**get_method(config.algo).default_changes(explicit))
+        config = config.replace(**get_method(config.algo).default_changes(explicit, config.layers))
         assert config.sampling == expected, argv
 
 
@@ -209,18 +209,44 @@ def test_config_rejects_a_buffer_cap_that_is_not_positive():
     assert TrainConfig().exchange == "compact"
 
 
-def test_llcg_takes_the_references_batch_and_fanout_and_one_fanout_per_layer(capsys):
+def test_llcg_takes_the_references_batch_and_ten_neighbours_at_every_layer(capsys):
     from mpifgl import train
-    config = train.parse_args(["--algo", "llcg"], quiet=True)
-    config = config.replace(**get_method("llcg").default_changes({"algo"}))
-    assert config.batch_size == 256 and config.fanouts == (10, 10)  # the method's defaults
-    # checked with the method's defaults, before anything starts: exit 2 and one line
+    for argv, fanouts in ((["--algo", "llcg"], (10, 10)),
+                          (["--algo", "llcg", "--layers", "3"], (10, 10, 10)),
+                          (["--algo", "llcg", "--layers", "3", "--fanouts", "5,5,5"], (5, 5, 5))):
+        config = train.parse_args(argv, quiet=True)
+        explicit = explicit_dests(build_parser(), argv)
+        config = config.replace(**get_method("llcg").default_changes(explicit, config.layers))
+        assert (config.batch_size, config.fanouts) == (256, fanouts), argv  # the method's
+    # a value given of another length: exit 2 and one line, before anything starts
     with pytest.raises(SystemExit) as stop:
-        train.parse_args(["--algo", "llcg", "--layers", "3"], quiet=False)
+        train.parse_args(["--algo", "llcg", "--layers", "3", "--fanouts", "10,10"], quiet=False)
     assert stop.value.code == 2
     assert "error: --fanouts is '10,10', expected one value per layer with --algo llcg " \
            "(--layers 3: e.g. 10,10,10)" in capsys.readouterr().err
-    assert train.parse_args(["--algo", "llcg", "--layers", "3", "--fanouts", "5,5,5"],
-                            quiet=True).fanouts == (5, 5, 5)
+
+
+def test_graphsage_fan_outs_follow_the_depth_and_a_given_one_must_match_it(capsys):
+    """GraphSAGE's paper samples 25,10 at 2 layers, OGB's products example 15,10,5 at 3; before
+    the default followed --layers, `--algo graphsage --layers 3` ended at set-up."""
+    from mpifgl import train
+    for layers, fanouts in ((1, (25,)), (2, (25, 10)), (3, (15, 10, 5)), (4, (15, 10, 5, 5))):
+        argv = ["--algo", "graphsage", "--layers", str(layers)]
+        config = train.parse_args(argv, quiet=True)
+        config = config.replace(**get_method("graphsage").default_changes(
+            explicit_dests(build_parser(), argv), config.layers))
+        config.validate()
+        assert config.fanouts == fanouts
+    with pytest.raises(SystemExit) as stop:
+        train.parse_args(["--algo", "graphsage", "--layers", "3", "--fanouts", "25,10"],
+                         quiet=False)
+    assert stop.value.code == 2
+    assert "error: --fanouts is '25,10', expected one value per layer with --algo graphsage " \
+           "(--layers 3: e.g. 15,10,5)" in capsys.readouterr().err
+    assert get_method("ours").default_changes(set(), 3) == {}  # ours samples no fan-out
+
+
+def test_llcg_rejects_a_rho_that_is_not_a_number():
+    from mpifgl import train
     with pytest.raises(SystemExit):
         train.parse_args(["--algo", "llcg", "--llcg-rho", "nan"], quiet=True)

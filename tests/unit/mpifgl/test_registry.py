@@ -108,6 +108,6 @@ def test_the_registry_imports_no_module_of_the_program():
 
 def test_a_methods_defaults_apply_only_to_the_flags_not_given():
     centralized = METHODS["centralized"]
-    assert centralized.default_changes(set()) == {"sampling": "none"}
-    assert centralized.default_changes({"sampling"}) == {}
-    assert METHODS["ours"].default_changes(set()) == {}
+    assert centralized.default_changes(set(), 2) == {"sampling": "none"}
+    assert centralized.default_changes({"sampling"}, 2) == {}
+    assert METHODS["ours"].default_changes(set(), 2) == {}

@@ -127,7 +127,7 @@ def test_secure_round_gives_the_same_rows_and_the_server_only_ring_words(toy_gra
 def fedgcn_config(shard_dir, **flags) -> TrainConfig:
     """FedGCN's defaults (the registry's) under ``flags``, as ``mpifgl.train`` resolves them."""
     config = TrainConfig(shards=str(shard_dir), algo="fedgcn", **flags)
-    return config.replace(**get_method("fedgcn").default_changes(set(flags)))
+    return config.replace(**get_method("fedgcn").default_changes(set(flags), config.layers))
 
 
 def train_and_predict(shard_dir, config: TrainConfig, rounds: int):
@@ -208,12 +208,13 @@ def test_client_weights_train_nodes_or_one_and_none_without_training_nodes():
 
 def test_fedgcns_defaults_are_the_references_and_an_explicit_flag_wins():
     config = parse_args(["--algo", "fedgcn"], quiet=True)
-    resolved = config.replace(**get_method("fedgcn").default_changes({"algo"}))
+    resolved = config.replace(**get_method("fedgcn").default_changes({"algo"}, config.layers))
     assert (resolved.optimizer, resolved.lr, resolved.weight_decay, resolved.local_epochs,
             resolved.hidden, resolved.dropout, resolved.client_weights, resolved.hops,
             resolved.layers) == ("sgd", 0.5, 5e-4, 3, 16, 0.5, "uniform", 2, 2)
     given = parse_args(["--algo", "fedgcn", "--lr", "0.1", "--hops", "1"], quiet=True)
-    explicit = given.replace(**get_method("fedgcn").default_changes({"algo", "lr", "hops"}))
+    explicit = given.replace(**get_method("fedgcn").default_changes({"algo", "lr", "hops"},
+                                                                    given.layers))
     assert (explicit.lr, explicit.hops, explicit.optimizer) == (0.1, 1, "sgd")
     assert parse_args([], quiet=True).optimizer == "adam"  # every other method's stays
 

@@ -196,8 +196,9 @@ def test_fedsage_plus_defaults_are_the_references():
             config.neighgen_fed_epochs, config.neighgen_hidden_portion) == (1e-3, 1e-4, 20, 20,
                                                                             0.5)
     method = get_method("fedsage-plus")
-    assert config.replace(**method.default_changes(set())).client_weights == "uniform"
+    assert config.replace(
+        **method.default_changes(set(), config.layers)).client_weights == "uniform"
     assert config.replace(client_weights="train").replace(
-        **method.default_changes({"client_weights"})).client_weights == "train"
+        **method.default_changes({"client_weights"}, config.layers)).client_weights == "train"
     assert TrainConfig.from_dict({"neighgen_generator_widths": [4, 8]}) \
         .neighgen_generator_widths == (4, 8)
