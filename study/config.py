@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from data_prep.catalog import KNOWN_DATASETS, normalise_dataset_name
+from data_prep.config import PARTITION_METHODS
 from fgl_common.cli import option
 from fgl_common.protected import ProtectedPathError, check_output_directory
 from study.catalog import METHODS, SECTIONS
@@ -35,6 +36,9 @@ class StudyConfig:
     figure_seeds: tuple[int, ...] = (0,)
     figure_epochs: int = 200  # = epochs: the 8-client runs are shared with Table 2
     client_counts: tuple[int, ...] = (4, 8, 16, 32)  # figure 3 (the paper's)
+    # figure 4: the paper's iid (random) and non-iid (label-skew); louvain and dirichlet are the
+    # partitions FGL papers use (FedSage+'s reference: Louvain; FedGCN's: Dirichlet)
+    figure_partitions: tuple[str, ...] = ("random", "label-skew")
     main_clients: int = 8  # Table 2: the paper's 8 clients
     overhead_clients: tuple[int, ...] = (4, 8)  # table 3 (the paper's)
     ablation_datasets: tuple[str, ...] = ("cora",)  # table 5; empty: all --datasets
@@ -94,6 +98,11 @@ class StudyConfig:
         if unknown:
             raise ValueError(f"--methods {','.join(unknown)}: unknown method(s), expected some "
                              f"of {','.join(METHODS)}")
+        unknown = [p for p in self.figure_partitions if p not in PARTITION_METHODS]
+        if not self.figure_partitions or unknown:
+            found = ",".join(unknown) if unknown else "is empty"
+            raise ValueError(f"--figure-partitions {found}: expected some of "
+                             f"{','.join(PARTITION_METHODS)} (data_prep's --partition)")
         for flag, seeds in (("--seeds", self.seeds), ("--figure-seeds", self.figure_seeds)):
             if not seeds or any(s < 0 for s in seeds):
                 raise ValueError(f"{flag} {','.join(map(str, seeds))}: expected "
@@ -124,6 +133,10 @@ class StudyArgs:
     figure_seeds: tuple[int, ...] | None = option(None, "seeds of figures 3-6 and table 3 "
                                                         "(default: the first of --seeds; e.g. "
                                                         "0,1,2 for mean ± std)")
+    figure_partitions: tuple[str, ...] | None = option(None, "partitions of figure 4 (default "
+                                                             "random,label-skew, the paper's iid "
+                                                             "and non-iid; also louvain, "
+                                                             "dirichlet, metis)")
     ablation_datasets: tuple[str, ...] | None = option(None, "datasets of table 5 (default: cora)")
     clients: tuple[int, ...] | None = option(None, "figure 3 client counts (default 4,8,16,32, "
                                                    "the paper's)")
@@ -171,7 +184,7 @@ def study_config(args: StudyArgs) -> StudyConfig:
     optional = {
         "seeds": args.seeds, "epochs": args.epochs, "figure_epochs": args.figure_epochs,
         "figure_datasets": args.figure_datasets, "client_counts": args.clients,
-        "ablation_datasets": args.ablation_datasets,
+        "figure_partitions": args.figure_partitions, "ablation_datasets": args.ablation_datasets,
         "timeout": args.timeout}
     values.update({k: v for k, v in optional.items() if v is not None})
     for key in ("datasets", "figure_datasets", "ablation_datasets"):  # data_prep's spelling

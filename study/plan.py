@@ -23,7 +23,7 @@ class RunSpec:
     dataset: str
     method: str
     num_clients: int  # shards used; centralized methods read the same shards merged
-    partition: str  # random | label-skew
+    partition: str  # data_prep's --partition (random, label-skew, louvain, ...)
     seed: int
     epochs: int
     lr: float
@@ -193,7 +193,7 @@ def build_plan(config: StudyConfig, lr_of: Callable[[str, str], float],
                         with_bias(plan.add(spec(dataset, method, clients, seed, e), "fig3"),
                                   "fig3", e)
             if "fig4" in sections:
-                for partition in ("random", "label-skew"):
+                for partition in config.figure_partitions:
                     for method in rows_of("fig4"):
                         run = plan.add(spec(dataset, method, config.main_clients, seed, e,
                                             partition), "fig4")

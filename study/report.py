@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from data_prep.config import PARTITION_METHODS
 from fgl_common.cli import add_dataclass_arguments, dataclass_from_namespace, option
 from fgl_common.protected import ProtectedPathError, check_output_directory
 
@@ -409,17 +410,27 @@ def figure4(rows: list[RunRow], root: Path, out: Path, plt) -> list[str]:
                                                                 lines))
 
 
+# the paper calls random "iid" and label-skew "non-iid"; figure 4's columns follow data_prep's order
+PARTITION_LABEL = {"random": "iid", "label-skew": "non-iid"}
+
+
+def partition_label(partition: str) -> str:
+    return PARTITION_LABEL.get(partition, partition)
+
+
 def _figure4_of(dataset: str, runs: list[RunRow], root: Path, out: Path, plt, name: str,
                 csv_lines: list[list]) -> list[str]:
     """Figure 4 of one dataset: its table (returned), its figure ``name``.png and its rows of
-    fig4.csv (appended to ``csv_lines``)."""
+    fig4.csv (appended to ``csv_lines``). One column per measure and partition run."""
     methods = [m for m in methods_of("fig4") if any(r.method == m for r in runs)]
-    md = ["| method | iid F1 | non-iid F1 | iid bias | non-iid bias | iid disagreement | "
-          "non-iid disagreement |", "|---|---|---|---|---|---|---|"]
+    partitions = [p for p in PARTITION_METHODS if any(r.partition == p for r in runs)]
+    heads = [f"{partition_label(p)} {measure}" for measure in ("F1", "bias", "disagreement")
+             for p in partitions]
+    md = ["| method | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
     lines = []
     for method in methods:
         cell = {}
-        for partition in ("random", "label-skew"):
+        for partition in partitions:
             mine = [r for r in runs if r.method == method and r.partition == partition]
             cell[partition] = (mean_std([r.test_f1 for r in mine]),
                                mean_std([r.local_bias for r in mine]), status_note(mine),
@@ -428,33 +439,35 @@ def _figure4_of(dataset: str, runs: list[RunRow], root: Path, out: Path, plt, na
                           *cell[partition][3][:2]])
         md.append(f"| {label_of(method)} | " + " | ".join(
             fmt(*cell[p][0]) if cell[p][0][2] else cell[p][2].split(" (")[0]
-            for p in ("random", "label-skew")) + " | " + " | ".join(
-            fmt(*cell[p][1], scale=1, digits=3) for p in ("random", "label-skew")) + " | "
+            for p in partitions) + " | " + " | ".join(
+            fmt(*cell[p][1], scale=1, digits=3) for p in partitions) + " | "
             + " | ".join(fmt(*cell[p][3]) + ("%" if cell[p][3][2] else "")
-                         for p in ("random", "label-skew")) + " |")
+                         for p in partitions) + " |")
     csv_lines.extend([dataset, *line] for line in lines)
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    width = 0.35
+    width = 0.7 / len(partitions)
     x = np.arange(len(methods))
-    for k, partition in enumerate(("random", "label-skew")):
+    for k, partition in enumerate(partitions):
         f1 = [next((l[2] for l in lines if l[0] == m and l[1] == partition), math.nan) * 100
               for m in methods]
         bias = [next((l[4] for l in lines if l[0] == m and l[1] == partition), math.nan)
                 for m in methods]
-        label = "iid (random)" if partition == "random" else "non-iid (label-skew)"
-        axes[0].bar(x + (k - 0.5) * width, f1, width, label=label)
-        axes[1].bar(x + (k - 0.5) * width, bias, width, label=label)
+        label = (f"{partition_label(partition)} ({partition})"
+                 if partition in PARTITION_LABEL else partition)
+        offset = (k - (len(partitions) - 1) / 2) * width
+        axes[0].bar(x + offset, f1, width, label=label)
+        axes[1].bar(x + offset, bias, width, label=label)
     for ax, title in zip(axes[:2], ("test micro-F1 (%)", "local bias")):
         ax.set_xticks(x, [label_of(m) for m in methods], fontsize=8)
         ax.set_title(title)
         ax.legend(fontsize=8)
+    styles = dict(zip(PARTITION_METHODS, ("-", "--", ":", "-.", (0, (1, 3)))))
     for r in runs:
         if r.status != "done":
             continue
         t, f1 = convergence_curve(root / "runs" / r.key)
-        axes[2].plot(t, f1 * 100, ls="-" if r.partition == "random" else "--",
-                     label=f"{label_of(r.method)} {'iid' if r.partition == 'random' else 'non-iid'}"
-                           f" s{r.seed}")
+        axes[2].plot(t, f1 * 100, ls=styles.get(r.partition, "-"),
+                     label=f"{label_of(r.method)} {partition_label(r.partition)} s{r.seed}")
     axes[2].set_xlabel("training wall seconds")
     axes[2].set_title("convergence: test micro-F1 (%)")
     axes[2].legend(fontsize=7)
@@ -641,7 +654,8 @@ def write_report(root: Path) -> Path:
           "", *table2(rows, root, datasets, list(methods_of("table2"))), "",
           "## Figure 3: clients vs F1 and local bias (random partitions)", "",
           *figure3(rows, root, plt), "",
-          "## Figure 4: iid (random) vs non-iid (label-skew), 8 clients", "",
+          "## Figure 4: the partitions side by side (iid = random, non-iid = label-skew), "
+          "8 clients", "",
           *figure4(rows, root, root, plt), "",
           "## Table 3: per-epoch training cost per client", "",
           "Seconds are training time per epoch (evaluation excluded from compute/comm; `epoch s` "

@@ -110,6 +110,26 @@ def test_command_and_estimate():
     assert estimate_seconds(fewer, 2708) < estimate_seconds(llcg, 2708) / 4
 
 
+def test_figure4_runs_every_partition_given_against_one_centralized_reference(capsys):
+    config, _ = parse_config(["--datasets", "cora", "--out", "x", "--only", "fig4",
+                              "--methods", "fedavg", "--figure-partitions", "random,louvain"])
+    assert config.figure_partitions == ("random", "louvain")
+    runs = build_plan(config, lambda d, m: 0.01, lambda d: 1000).runs
+    louvain = runs["cora/louvain-m8/fedavg-lr0.01-e200-s0"]
+    assert louvain.spec.shard_name == "cora-louvain-m8-s0"
+    assert louvain.reference == runs["cora/random-m8/fedavg-lr0.01-e200-s0"].reference == \
+        "cora/random-m8/centralized-lr0.01-e200-s0"
+    assert not any("/label-skew-" in key for key in runs)
+    assert StudyConfig(datasets=("cora",), out=Path("/tmp/x")).figure_partitions == \
+        ("random", "label-skew")  # the paper's iid and non-iid
+    for given, message in (("random,file:a.npy", "--figure-partitions file:a.npy: expected some "
+                                                 "of random,label-skew,metis,dirichlet,louvain"),
+                           ("", "--figure-partitions is empty: expected some of")):
+        with pytest.raises(SystemExit):
+            parse_config(["--datasets", "cora", "--out", "x", "--figure-partitions", given])
+        assert message in capsys.readouterr().err
+
+
 def test_cli_rejects_unknown_section(capsys):
     with pytest.raises(SystemExit):
         parse_config(["--datasets", "cora", "--out", "x", "--only", "table9"])

@@ -205,3 +205,36 @@ def test_figure4_over_several_seeds_gives_mean_and_std_of_every_measure(tmp_path
     # label skew: seed 0 at distance 0, seed 1 at sqrt(2) on half of the nodes
     assert row == ("| FedAvg+GCN | 75.00 ± 5.00 | 60.00 ± 0.00 | 2.000 ± 1.000 | 0.354 ± 0.354 | "
                    "0.00 ± 0.00% | 25.00 ± 25.00% |")
+
+
+def test_figure4_has_a_column_of_each_measure_for_every_partition_run(tmp_path):
+    """--figure-partitions random,label-skew,louvain: the table has F1, bias and disagreement for
+    each, in data_prep's order, and the Louvain runs are measured against the same centralized
+    reference as the others."""
+    config = StudyConfig(datasets=("cora",), out=tmp_path, seeds=(0,), figure_seeds=(0,),
+                         only=("fig4",), figure_epochs=100, methods=("fedavg",),
+                         figure_partitions=("louvain", "random", "label-skew"))
+    plan = build_plan(config, lambda d, m: 0.01, lambda d: 100)
+    payload = plan.to_json()
+    payload.update(config={"datasets": ["cora"], "seeds": [0]}, sessions=[])
+    (tmp_path / "plan.json").write_text(json.dumps(payload))
+    ref = np.array([[1.0, 0.0]] * 4)
+    f1 = {"random": 0.8, "label-skew": 0.7, "louvain": 0.6}
+    for key in plan.runs:
+        if "/fedavg-" not in key:
+            _fake_run(tmp_path, key, 0.9, ref)
+            continue
+        partition = key.split("/")[1].rsplit("-m", 1)[0]
+        logits = ref.copy()
+        if partition == "louvain":  # one node of four flips
+            logits[0] = [0.0, 1.0]
+        _fake_run(tmp_path, key, f1[partition], logits)
+    text = write_report(tmp_path).read_text()
+    figure4 = text.split("## Figure 4")[1].split("## Table 3")[0]
+    assert ("| method | iid F1 | non-iid F1 | louvain F1 | iid bias | non-iid bias | louvain bias "
+            "| iid disagreement | non-iid disagreement | louvain disagreement |") in figure4
+    row = next(line for line in figure4.splitlines() if line.startswith("| FedAvg+GCN |"))
+    assert row.startswith("| FedAvg+GCN | 80.00 | 70.00 | 60.00 |")
+    assert row.endswith("| 0.00% | 0.00% | 25.00% |")
+    rows = (tmp_path / "fig4.csv").read_text().splitlines()
+    assert [r.split(",")[2] for r in rows[1:]] == ["random", "label-skew", "louvain"]
