@@ -142,6 +142,22 @@ class NodeSampler:
         return NodeSample(index, probability)
 
 
+# partitions whose clients are communities: a class need not look alike on every client, which
+# the label-guided Q assumes (P(X|Y) alike across clients); measured in docs/results.md
+COMMUNITY_PARTITIONS = ("louvain",)
+
+
+def community_sampler_note(partition: str | None, sampling: str, chosen: bool) -> str | None:
+    """The warning for a run whose label-guided sampler was not chosen explicitly (``chosen``)
+    on shards partitioned into communities; None otherwise."""
+    if sampling != "label" or chosen or partition not in COMMUNITY_PARTITIONS:
+        return None
+    return (f"the shards' partition is {partition} (communities), where the label-guided "
+            "sampler fell below centralized and --sampling uniform did not (docs/results.md, "
+            "\"Figure 4 on Louvain clients\"); pass --sampling uniform, or --sampling label to "
+            "keep it and silence this")
+
+
 def make_distribution(kind: str, groups: np.ndarray, global_counts: np.ndarray) -> np.ndarray:
     """Q_i of ``--sampling kind`` (one of the registry's samplings that draw nodes)."""
     entry = lookup(SAMPLINGS, "sampling", kind)

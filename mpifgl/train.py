@@ -43,7 +43,7 @@ from mpifgl import hardware
 from mpifgl.methods import build_trainer, get_method
 from mpifgl.runlog import (CHECKPOINT_NAME, RunDirectory, claim_run_dir, default_run_dir,
                            load_checkpoint, new_run_id)
-from mpifgl.sampling import default_sample_size
+from mpifgl.sampling import community_sampler_note, default_sample_size
 from mpifgl.trainer import Trainer
 from mpifgl.watchdog import Stall, timeout_seconds
 
@@ -412,6 +412,10 @@ def set_up(config: TrainConfig, comm: Communicator, progress: RankProgress,
         run_info.update(run_identity(config, checkpoint))
     if get_method(config.algo).server_loads_graph:
         run_info["server_holds_whole_graph"] = True
+    note = community_sampler_note(manifest.raw.get("partition"), config.sampling,
+                                  "sampling" in explicit)
+    if note and comm.is_server and get_method(config.algo).whole_graph_gnn:
+        log.warning("%s", note)
     placements = comm.gather_objects(placement)
     if placements is not None:
         run_info["placement"] = describe_placements(placements)

@@ -194,3 +194,14 @@ def test_default_sample_gives_four_steps(n):
     assert steps_for_sample(2449029, 2449029 // 4) == 5
     assert steps_for_sample(100, 100) == 1 and steps_for_sample(100, 30) == 4
     assert steps_for_sample(100, 1000) == 1
+
+
+def test_the_community_note_speaks_only_for_a_label_sampler_nobody_chose_on_communities():
+    from mpifgl.sampling import community_sampler_note
+    note = community_sampler_note("louvain", "label", chosen=False)
+    assert note.startswith("the shards' partition is louvain (communities)")
+    assert "pass --sampling uniform" in note
+    assert community_sampler_note("louvain", "label", chosen=True) is None
+    assert community_sampler_note("louvain", "uniform", chosen=False) is None
+    for partition in ("random", "label-skew", "dirichlet", None):
+        assert community_sampler_note(partition, "label", chosen=False) is None

@@ -9,6 +9,7 @@ import re
 import socket
 import subprocess
 
+import numpy as np
 import pytest
 
 from mpifgl.config import TrainConfig
@@ -377,3 +378,26 @@ def test_the_placement_names_the_hosts_only_when_there_are_several():
     together = [Placement(cpu, 2, host="vm"), Placement(cpu, 1, host="vm")]
     assert describe_placements(together) == "cpu x 2, 1/2 threads per rank"
     assert rank_ranges([0, 1, 2, 4, 6, 7]) == "0-2,4,6-7" and rank_ranges([3]) == "3"
+
+
+def test_ours_on_louvain_shards_warns_once_unless_the_sampler_was_chosen(toy_graph, tmp_path,
+                                                                         caplog):
+    """Three clients in threads on Louvain shards: the server warns once that the label-guided
+    sampler may lose accuracy on communities; --sampling label given silences it, fedavg (no
+    sampler) never hears it."""
+    import logging
+    from data_prep.api import write_shards as prepare
+    graph = {"edge_index": np.vstack(toy_graph.adj.nonzero()), "x": toy_graph.x,
+             "y": toy_graph.y, "train_mask": toy_graph.train_mask,
+             "val_mask": toy_graph.val_mask, "test_mask": toy_graph.test_mask}
+    shards = tmp_path / "louvain"
+    assert prepare(graph, 3, "louvain", shards, seed=0)["partition"] == "louvain"
+    for extra, algo, warned in (([], "ours", 1), (["--sampling", "label"], "ours", 0),
+                                ([], "fedavg", 0)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert threaded_program(["--algo", algo, "--shards", shards, "--epochs", "1",
+                                     "--hidden", "8", "--out", tmp_path / f"{algo}{len(extra)}",
+                                     *extra], 4) == [0, 0, 0, 0]
+        notes = [r for r in caplog.records if "partition is louvain" in r.getMessage()]
+        assert len(notes) == warned, (algo, extra)
