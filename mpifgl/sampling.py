@@ -144,7 +144,7 @@ class NodeSampler:
 
 # partitions whose clients are communities: a class need not look alike on every client, which
 # the label-guided Q assumes (P(X|Y) alike across clients); measured in docs/results.md
-COMMUNITY_PARTITIONS = ("louvain",)
+COMMUNITY_PARTITIONS = ("louvain", "metis")
 
 
 def community_sampler_note(partition: str | None, sampling: str, chosen: bool) -> str | None:
@@ -154,8 +154,8 @@ def community_sampler_note(partition: str | None, sampling: str, chosen: bool) -
         return None
     return (f"the shards' partition is {partition} (communities), where the label-guided "
             "sampler fell below centralized and --sampling uniform did not (docs/results.md, "
-            "\"Figure 4 on Louvain clients\"); pass --sampling uniform, or --sampling label to "
-            "keep it and silence this")
+            "\"Figure 4 on Louvain clients\", and METIS); pass --sampling uniform, or "
+            "--sampling label to keep it and silence this")
 
 
 def make_distribution(kind: str, groups: np.ndarray, global_counts: np.ndarray) -> np.ndarray:

@@ -203,5 +203,7 @@ def test_the_community_note_speaks_only_for_a_label_sampler_nobody_chose_on_comm
     assert "pass --sampling uniform" in note
     assert community_sampler_note("louvain", "label", chosen=True) is None
     assert community_sampler_note("louvain", "uniform", chosen=False) is None
+    assert community_sampler_note("metis", "label", chosen=False).startswith(
+        "the shards' partition is metis (communities)")
     for partition in ("random", "label-skew", "dirichlet", None):
         assert community_sampler_note(partition, "label", chosen=False) is None
