@@ -18,7 +18,7 @@ from typing import Any
 from fgl_common.cli import (CommaSeparated, add_dataclass_arguments, check_finite,
                              dataclass_from_namespace, option)
 from mpifgl.registry import (BACKBONES, CLIENT_WEIGHTS, EXCHANGES, METHODS, OPTIMIZERS,
-                             SAMPLINGS, maskable)
+                             SAMPLINGS, graphsage_fanouts, maskable)
 from mpifgl.watchdog import (ANSWER_SECONDS, EPOCHS_OF_TIMEOUT, FLOOR_SECONDS,
                              SETUP_SECONDS)
 
@@ -158,10 +158,11 @@ class TrainConfig:
                                  "m clients form m/c block rows of c ranks each, which hold the "
                                  "same rows (c times the memory, about 1/c of the broadcast "
                                  "bytes); c must divide m; 1 = CAGNET's 1D algorithm")
-    fanouts: tuple[int, ...] = option((25, 10), "graphsage, llcg: neighbours sampled per layer, "
-                                                "comma-separated (default: one per --layers; "
-                                                "graphsage 25,10 at 2 layers, 15,10,5 at 3; "
-                                                "llcg 10 per layer, the reference's)")
+    # the default at TrainConfig's 2 layers; mpifgl.train sets the method's for the run's depth
+    fanouts: tuple[int, ...] = option(graphsage_fanouts(2), "graphsage, llcg: neighbours sampled "
+                                      "per layer, comma-separated (default: one per --layers; "
+                                      "graphsage 25,10 at 2 layers, 15,10,5 at 3; llcg 10 per "
+                                      "layer, the reference's)")
     batch_size: int = option(512, "graphsage: seed nodes per mini-batch; graphsaint: walk roots "
                                   "per subgraph; llcg: draws per local step (default 256)")
     walk_length: int = option(2, "graphsaint: random-walk length")

@@ -410,12 +410,14 @@ def set_up(config: TrainConfig, comm: Communicator, progress: RankProgress,
                 "graph_description": describe_graph(manifest.raw)}
     if run_dir is not None:  # the server: whose records these are, and where it continued from
         run_info.update(run_identity(config, checkpoint))
-    if get_method(config.algo).server_loads_graph:
+    method = get_method(config.algo)
+    if method.server_loads_graph:
         run_info["server_holds_whole_graph"] = True
-    note = community_sampler_note(manifest.raw.get("partition"), config.sampling,
-                                  "sampling" in explicit)
-    if note and comm.is_server and get_method(config.algo).whole_graph_gnn:
-        log.warning("%s", note)
+    if comm.is_server and method.whole_graph_gnn:
+        note = community_sampler_note(manifest.raw.get("partition"), config.sampling,
+                                      "sampling" in explicit)
+        if note:
+            log.warning("%s", note)
     placements = comm.gather_objects(placement)
     if placements is not None:
         run_info["placement"] = describe_placements(placements)
